@@ -1,0 +1,55 @@
+# vcafleet: the two commands are `make lab` and `make test` (see README.md).
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+VENV := .venv
+BIN := $(CURDIR)/$(VENV)/bin
+export PATH := $(BIN):$(PATH)
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+export ANSIBLE_FORCE_COLOR ?= 0
+export PY_COLORS ?= 0
+
+.PHONY: lab lab-down report test lint unit molecule bootstrap images venv clean
+
+$(VENV)/.installed: requirements.txt
+	python3 -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -r requirements.txt
+	touch $@
+
+venv: $(VENV)/.installed
+
+bootstrap:
+	scripts/bootstrap-host.sh
+
+images: bootstrap
+	lab/image/build.sh >/dev/null
+
+# Build the simulated fleet, converge site.yml on it, print the fleet report.
+lab: bootstrap venv images
+	ansible-playbook playbooks/lab.yml -e state=present
+	ansible-playbook site.yml
+	ansible-playbook playbooks/report.yml
+	@cat build/fleet-report.txt
+
+report: venv
+	ansible-playbook playbooks/report.yml
+	@cat build/fleet-report.txt
+
+lab-down: venv
+	ansible-playbook playbooks/lab.yml -e state=absent
+
+# Lint, unit tests and every molecule scenario, with a summary.
+test: bootstrap venv images
+	scripts/test-all.sh
+
+lint: venv
+	scripts/test-all.sh lint
+
+unit: venv
+	scripts/test-all.sh unit
+
+molecule: bootstrap venv images
+	scripts/test-all.sh molecule
+
+clean:
+	rm -rf build .pytest_cache .ruff_cache

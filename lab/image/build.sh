@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Build the lab/molecule base image from a Debian bookworm rootfs, once.
+# No registry can be pulled here, so: mmdebstrap -> tar -> docker import.
+# The tag is the content hash of the recipe; an existing tag is reused.
+# stdout: the image tag, nothing else. Progress goes to stderr.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+mirror=${VCA_LAB_MIRROR:-http://deb.debian.org/debian}
+hash=$(cat "$here/packages.txt" "$here/build.sh" | sha256sum | cut -c1-12)
+tag="vcafleet-lab:$hash"
+
+if docker image inspect "$tag" >/dev/null 2>&1; then
+    echo "$tag"
+    exit 0
+fi
+echo "building $tag from $mirror" >&2
+if ! command -v mmdebstrap >/dev/null 2>&1; then
+    apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap >&2
+fi
+packages=$(grep -v '^\s*#' "$here/packages.txt" | grep -v '^\s*$' | sort | paste -sd, -)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mmdebstrap --variant=apt --format=tar --include="$packages" \
+    --customize-hook='rm -f "$1"/etc/machine-id; touch "$1"/etc/machine-id' \
+    bookworm "$work/rootfs.tar" "$mirror" >&2
+docker import \
+    --change 'CMD ["/lib/systemd/systemd"]' \
+    --change 'ENV container=docker' \
+    --message "vcafleet lab base (bookworm; recipe $hash)" \
+    "$work/rootfs.tar" "$tag" >&2
+echo "$tag"

@@ -1,0 +1,1 @@
+"""Lab-only hardware simulator for vcafleet (see lab/sim/README.md)."""

@@ -1,0 +1,205 @@
+"""vcactl stand-in for the lab host: the real command's status strings and verbs.
+
+State lives in a JSON file; timed transitions (booting -> os_ready ->
+net_device_ready, resetting -> bios_up, powering_down -> power_off) are
+resolved lazily from timestamps, so no daemon is needed. Nodes configured as
+dead answer link_down to everything, as node 3 does on the seed host.
+
+    vcactl status [card [cpu]]
+    vcactl boot [card [cpu]] [image|vcablk0]
+    vcactl reset | pwrbtn-short | pwrbtn-long | os-shutdown [card [cpu]]
+    vcactl wait | wait-BIOS [card [cpu]] [--timeout S]
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from .model import load_params
+
+CONFIG = Path(os.environ.get("VCASIM_VCACTL_CONFIG", "/etc/vcasim/vcactl.yml"))
+STATE = Path(os.environ.get("VCASIM_VCACTL_STATE", "/var/lib/vcasim/vcactl.json"))
+
+OS_UP = ("os_ready", "net_device_ready")
+BOOTABLE = ("bios_up", "bios_ready")
+
+
+class VcactlError(Exception):
+    pass
+
+
+class Fleet:
+    def __init__(self, config: dict, state: dict, timing: dict, clock=time.time):
+        self.timing = timing
+        self.clock = clock
+        self.nodes = {}
+        for entry in config["nodes"]:
+            key = f"{entry['card']}:{entry['cpu']}"
+            saved = state.get(key, {})
+            self.nodes[key] = {
+                "card": entry["card"],
+                "cpu": entry["cpu"],
+                "dead": bool(entry.get("dead", False)),
+                "state": saved.get("state", entry.get("initial", "bios_up")),
+                "since": saved.get("since", self.clock()),
+            }
+
+    def dump(self) -> dict:
+        return {k: {"state": n["state"], "since": n["since"]} for k, n in self.nodes.items()}
+
+    def _advance(self, node: dict) -> None:
+        chain = {
+            "booting": ("os_ready", self.timing["boot_s"]),
+            "os_ready": ("net_device_ready", self.timing["net_s"]),
+            "resetting": ("bios_up", self.timing["reset_s"]),
+            "powering_down": ("power_off", self.timing["shutdown_s"]),
+        }
+        while node["state"] in chain:
+            nxt, delay = chain[node["state"]]
+            if self.clock() < node["since"] + delay:
+                return
+            node["state"], node["since"] = nxt, node["since"] + delay
+
+    def state(self, node: dict) -> str:
+        if node["dead"]:
+            return "link_down"
+        self._advance(node)
+        return node["state"]
+
+    def select(self, args: list[str]) -> list[dict]:
+        if not args:
+            return [self.nodes[k] for k in sorted(self.nodes)]
+        card = args[0]
+        chosen = [n for n in self.nodes.values() if str(n["card"]) == card]
+        if len(args) > 1:
+            chosen = [n for n in chosen if str(n["cpu"]) == args[1]]
+        if not chosen:
+            raise VcactlError(f"ERROR: Card: {args[0]} Cpu: {args[1] if len(args) > 1 else '-'} - no such node")
+        return sorted(chosen, key=lambda n: (n["card"], n["cpu"]))
+
+    def _set(self, node: dict, state: str) -> None:
+        node["state"], node["since"] = state, self.clock()
+
+    def boot(self, node: dict) -> None:
+        current = self.state(node)
+        if current not in BOOTABLE and current not in OS_UP:
+            raise VcactlError(
+                f'ERROR: Card: {node["card"]} Cpu: {node["cpu"]} - Card needs to be in "bios_up" '
+                f'or "bios_ready" state!'
+            )
+        if current in BOOTABLE:
+            self._set(node, "booting")
+
+    def reset(self, node: dict) -> None:
+        self._require_link(node)
+        self._set(node, "resetting")
+
+    def os_shutdown(self, node: dict) -> None:
+        if self.state(node) not in OS_UP:
+            raise VcactlError(
+                f'ERROR: Card: {node["card"]} Cpu: {node["cpu"]} - Card needs to be in "os_ready" '
+                f'or "net_device_ready" state!'
+            )
+        self._set(node, "powering_down")
+
+    def pwrbtn_short(self, node: dict) -> None:
+        current = self.state(node)
+        self._require_link(node)
+        if current == "power_off":
+            self._set(node, "bios_up")
+        elif current in OS_UP or current == "booting":
+            self._set(node, "powering_down")
+
+    def pwrbtn_long(self, node: dict) -> None:
+        self._require_link(node)
+        self._set(node, "power_off")
+
+    def _require_link(self, node: dict) -> None:
+        if self.state(node) == "link_down":
+            raise VcactlError(f"ERROR: Card: {node['card']} Cpu: {node['cpu']} - link down")
+
+
+def line(node: dict, state: str) -> str:
+    return f"Card: {node['card']} Cpu: {node['cpu']}  STATE: {state}"
+
+
+def run(argv: list[str], fleet: Fleet, out=sys.stdout, sleep=time.sleep) -> int:
+    if not argv:
+        print(__doc__.strip(), file=out)
+        return 1
+    verb, rest = argv[0], argv[1:]
+    timeout = 300.0
+    if "--timeout" in rest:
+        i = rest.index("--timeout")
+        timeout = float(rest[i + 1])
+        rest = rest[:i] + rest[i + 2:]
+    positional = [a for a in rest if a.isdigit()][:2]
+    rc = 0
+    try:
+        nodes = fleet.select(positional)
+        if verb == "status":
+            for n in nodes:
+                print(line(n, fleet.state(n)), file=out)
+        elif verb in ("boot", "reset", "os-shutdown", "pwrbtn-short", "pwrbtn-long"):
+            action = {
+                "boot": fleet.boot,
+                "reset": fleet.reset,
+                "os-shutdown": fleet.os_shutdown,
+                "pwrbtn-short": fleet.pwrbtn_short,
+                "pwrbtn-long": fleet.pwrbtn_long,
+            }[verb]
+            for n in nodes:
+                try:
+                    action(n)
+                except VcactlError as exc:
+                    print(exc, file=out)
+                    rc = 1
+        elif verb in ("wait", "wait-BIOS"):
+            goal = "net_device_ready" if verb == "wait" else "bios_up"
+            deadline = fleet.clock() + timeout
+            for n in nodes:
+                while fleet.state(n) != goal:
+                    if fleet.state(n) == "link_down" or fleet.clock() >= deadline:
+                        print(f"ERROR: Card: {n['card']} Cpu: {n['cpu']} - state {fleet.state(n)}, "
+                              f"not {goal}", file=out)
+                        rc = 1
+                        break
+                    sleep(0.2)
+        else:
+            print(f"ERROR: unknown command {verb}", file=out)
+            return 2
+    except VcactlError as exc:
+        print(exc, file=out)
+        return 1
+    return rc
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    config = yaml.safe_load(CONFIG.read_text())
+    timing = load_params(config["params"])["vcactl"] if "params" in config else load_params()["vcactl"]
+    STATE.parent.mkdir(parents=True, exist_ok=True)
+    with open(STATE.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        saved = json.loads(STATE.read_text()) if STATE.exists() else {}
+        fleet = Fleet(config, saved, timing)
+        if argv and argv[0].startswith("wait"):
+            # Transitions are pure functions of time: waiting needs no lock and saves nothing.
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            return run(argv, fleet)
+        rc = run(argv, fleet)
+        tmp = STATE.with_suffix(".tmp")
+        tmp.write_text(json.dumps(fleet.dump(), indent=1, sort_keys=True))
+        os.replace(tmp, STATE)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# SPDX-License-Identifier: MIT
+
+DOCUMENTATION = r"""
+---
+module: vca_status
+short_description: VCA node states from vcactl status, as facts
+description:
+  - Runs C(vcactl status) (C locale) and returns one record per node, keyed by
+    the global node number (card * 3 + cpu).
+  - An unknown state string is reported with C(state_class=unknown), not as an error.
+  - Read-only.
+options:
+  vcactl:
+    description: The vcactl binary; found on PATH (and /usr/sbin) when not given.
+    type: path
+author: vcafleet
+"""
+
+EXAMPLES = r"""
+- name: Read the node states
+  vca_status:
+  register: status
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: C(vca_node_status), {node number as string -> {node, card, cpu, state, state_class, known, link}}.
+  returned: always
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.vcactl import parse_status
+
+
+def main():
+    module = AnsibleModule(argument_spec=dict(vcactl=dict(type="path")), supports_check_mode=True)
+    vcactl = module.params["vcactl"] or module.get_bin_path("vcactl", required=True, opt_dirs=["/usr/sbin", "/usr/local/sbin"])
+    module.run_command_environ_update = dict(LANG="C", LC_ALL="C", LC_MESSAGES="C")
+    rc, out, err = module.run_command([vcactl, "status"])
+    if rc != 0:
+        module.fail_json(msg="vcactl status failed (rc=%d): %s" % (rc, (err or out).strip()), rc=rc)
+    records = parse_status(out)
+    if not records:
+        module.fail_json(msg="vcactl status printed no node lines", stdout=out)
+    nodes = dict((str(r["node"]), r) for r in records)
+    module.exit_json(changed=False, ansible_facts=dict(vca_node_status=nodes))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Runs every check `make test` promises and prints one summary line per step.
+# Steps: yamllint, ansible-lint, ruff, pytest, then each molecule scenario.
+# With arguments, only those groups run: lint, unit, molecule.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+groups=${*:-lint unit molecule}
+VCA_LAB_IMAGE=$(lab/image/build.sh)
+export VCA_LAB_IMAGE
+
+results=()
+failed=0
+step() {
+    local name=$1; shift
+    local start=$SECONDS
+    echo "=== $name: $*"
+    if "$@"; then
+        results+=("PASS  $name ($((SECONDS - start)) s)")
+    else
+        results+=("FAIL  $name ($((SECONDS - start)) s)")
+        failed=$((failed + 1))
+    fi
+}
+
+for g in $groups; do
+    case $g in
+    lint)
+        step yamllint yamllint --strict .
+        step ansible-lint ansible-lint --profile production
+        step ruff ruff check .
+        ;;
+    unit)
+        step pytest pytest -q tests
+        ;;
+    molecule)
+        for scenario in $(ls molecule/*/molecule.yml | xargs -n1 dirname | xargs -n1 basename | sort); do
+            step "molecule:$scenario" molecule -c molecule/base.yml test -s "$scenario"
+        done
+        ;;
+    *) echo "unknown group $g (lint, unit, molecule)" >&2; exit 2 ;;
+    esac
+done
+
+echo
+echo "=== make test summary"
+printf '%s\n' "${results[@]}"
+echo "summary: $((${#results[@]} - failed)) passed, $failed failed"
+[ "$failed" -eq 0 ]
