@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # SPDX-License-Identifier: MIT
 
 DOCUMENTATION = r"""
@@ -58,7 +57,7 @@ def main():
         module.fail_json(msg="sample_seconds must be >= 0, got %s" % module.params["sample_seconds"])
     try:
         sensors = read_all(module.params["sysfs_root"], module.params["sample_seconds"])
-    except (UnsafeSysfsPath, IOError, OSError, ValueError) as exc:
+    except (UnsafeSysfsPath, OSError, ValueError) as exc:
         module.fail_json(msg="reading sensors under %s failed: %s" % (module.params["sysfs_root"], exc))
     module.exit_json(changed=False, sensors=sensors)
 

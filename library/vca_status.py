@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # SPDX-License-Identifier: MIT
 
 DOCUMENTATION = r"""
@@ -37,7 +36,9 @@ from ansible.module_utils.vcactl import parse_status
 
 def main():
     module = AnsibleModule(argument_spec=dict(vcactl=dict(type="path")), supports_check_mode=True)
-    vcactl = module.params["vcactl"] or module.get_bin_path("vcactl", required=True, opt_dirs=["/usr/sbin", "/usr/local/sbin"])
+    vcactl = module.params["vcactl"] or module.get_bin_path(
+        "vcactl", required=True, opt_dirs=["/usr/sbin", "/usr/local/sbin"]
+    )
     module.run_command_environ_update = dict(LANG="C", LC_ALL="C", LC_MESSAGES="C")
     rc, out, err = module.run_command([vcactl, "status"])
     if rc != 0:

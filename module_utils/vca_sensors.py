@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # SPDX-License-Identifier: MIT
 """Node sensors through vca_sysfs: coretemp, RAPL package energy and limits, throttle counters."""
 

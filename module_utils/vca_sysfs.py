@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # SPDX-License-Identifier: MIT
 """The one way vcafleet reads and writes sysfs: under a root, and never into danger.
 
@@ -65,7 +64,7 @@ class Sysfs(object):
         return os.path.exists(self.check(rel))
 
     def read(self, rel):
-        with open(self.check(rel), "r") as fh:
+        with open(self.check(rel)) as fh:
             return fh.read().strip()
 
     def read_int(self, rel):
@@ -75,7 +74,7 @@ class Sysfs(object):
         """The stripped content, or None when the file is absent (a missing sensor is not 0)."""
         try:
             return self.read(rel)
-        except (IOError, OSError) as exc:
+        except OSError as exc:
             if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ENODEV, errno.ENXIO):
                 return None
             raise
@@ -84,7 +83,7 @@ class Sysfs(object):
         path = self.check(rel, listing=True)
         try:
             return sorted(os.listdir(path))
-        except (IOError, OSError) as exc:
+        except OSError as exc:
             if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                 return []
             raise

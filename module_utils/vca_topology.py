@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # SPDX-License-Identifier: MIT
 """The fleet topology rule and the inventory checks built on it.
 
@@ -11,7 +10,7 @@ from __future__ import annotations
 NODES_PER_CARD = 3
 NODE_VARS = ("vca_node", "vca_card", "vca_cpu", "vca_node_ip")
 SERVICE_GROUPS = ("smem_interactive", "smem_background", "farm")
-REQUIRED_GROUPS = ("vca_host", "vca_nodes") + SERVICE_GROUPS
+REQUIRED_GROUPS = ("vca_host", "vca_nodes", *SERVICE_GROUPS)
 
 
 def expected(node: int) -> dict:
@@ -32,21 +31,15 @@ def _as_int(value):
     return None
 
 
-def check_inventory(nodes, groups, service_groups=SERVICE_GROUPS, required_groups=REQUIRED_GROUPS):
-    """Return a list of error strings, each naming the host (or group) and the field.
-
-    nodes: {inventory_hostname: {vca_node, vca_card, vca_cpu, vca_node_ip}} for vca_nodes
-    groups: {group name: [hosts]} as Ansible's `groups`
-    """
+def _node_errors(nodes):
     errors = []
     seen = {}
     for host in sorted(nodes):
         hv = nodes[host] or {}
         missing = [v for v in NODE_VARS if hv.get(v) in (None, "")]
-        if missing:
-            errors.extend("%s: %s is not set" % (host, v) for v in missing)
-            if "vca_node" in missing:
-                continue
+        errors.extend("%s: %s is not set" % (host, v) for v in missing)
+        if "vca_node" in missing:
+            continue
         n = _as_int(hv.get("vca_node"))
         if n is None or n < 0:
             errors.append("%s: vca_node is %r, expected a node number >= 0" % (host, hv.get("vca_node")))
@@ -55,38 +48,54 @@ def check_inventory(nodes, groups, service_groups=SERVICE_GROUPS, required_group
             errors.append("%s: vca_node %d is also used by %s" % (host, n, seen[n]))
         seen[n] = host
         for var, want in sorted(expected(n).items()):
+            got = hv.get(var)
             if var in missing:
                 continue
-            got = hv.get(var)
-            got_cmp = _as_int(got) if isinstance(want, int) else str(got)
-            if got_cmp != want:
+            if (_as_int(got) if isinstance(want, int) else str(got)) != want:
                 errors.append("%s: %s is %r, expected %r for node %d" % (host, var, got, want, n))
+    return errors
 
-    for group in required_groups:
-        if not groups.get(group):
-            errors.append("group %s: is empty or missing" % group)
 
-    node_set = set(groups.get("vca_nodes", []))
-    for host in sorted(set(groups.get("vca_host", [])) & node_set):
-        errors.append("%s: is in both vca_host and vca_nodes" % host)
-
+def _card_group_errors(nodes, groups, node_set):
+    errors = []
     for group in sorted(groups):
-        if group.startswith("card") and group[4:].isdigit():
-            card = int(group[4:])
-            for host in sorted(groups[group]):
-                got = _as_int((nodes.get(host) or {}).get("vca_card"))
-                if host not in node_set:
-                    errors.append("%s: is in %s but not in vca_nodes" % (host, group))
-                elif got is not None and got != card:
-                    errors.append("%s: vca_card is %d but the host is in group %s" % (host, got, group))
-
-    for group in list(service_groups) + ["dead"]:
-        for host in sorted(groups.get(group, [])):
+        if not (group.startswith("card") and group[4:].isdigit()):
+            continue
+        for host in sorted(groups[group]):
+            got = _as_int((nodes.get(host) or {}).get("vca_card"))
             if host not in node_set:
                 errors.append("%s: is in %s but not in vca_nodes" % (host, group))
+            elif got is not None and got != int(group[4:]):
+                errors.append("%s: vca_card is %d but the host is in group %s" % (host, got, group))
+    return errors
 
+
+def _membership_errors(groups, node_set, service_groups, required_groups):
+    errors = ["group %s: is empty or missing" % g for g in required_groups if not groups.get(g)]
+    errors.extend(
+        "%s: is in both vca_host and vca_nodes" % h for h in sorted(set(groups.get("vca_host", [])) & node_set)
+    )
+    for group in [*service_groups, "dead"]:
+        errors.extend(
+            "%s: is in %s but not in vca_nodes" % (h, group) for h in sorted(groups.get(group, [])) if h not in node_set
+        )
     dead = set(groups.get("dead", []))
     for group in service_groups:
-        for host in sorted(dead & set(groups.get(group, []))):
-            errors.append("%s: is dead but listed in service group %s" % (host, group))
+        errors.extend(
+            "%s: is dead but listed in service group %s" % (h, group) for h in sorted(dead & set(groups.get(group, [])))
+        )
     return errors
+
+
+def check_inventory(nodes, groups, service_groups=SERVICE_GROUPS, required_groups=REQUIRED_GROUPS):
+    """Return a list of error strings, each naming the host (or group) and the field.
+
+    nodes: {inventory_hostname: {vca_node, vca_card, vca_cpu, vca_node_ip}} for vca_nodes
+    groups: {group name: [hosts]} as Ansible's `groups`
+    """
+    node_set = set(groups.get("vca_nodes", []))
+    return (
+        _node_errors(nodes)
+        + _membership_errors(groups, node_set, list(service_groups), required_groups)
+        + _card_group_errors(nodes, groups, node_set)
+    )

@@ -89,7 +89,7 @@ class NodeModel:
         target = self.steady_temp_c(power)
         self.temp_c += (target - self.temp_c) * (1.0 - math.exp(-dt / self.node["thermal_tau_s"]))
 
-        energy = self.energy_uj + int(round(power * dt * 1e6))
+        energy = self.energy_uj + round(power * dt * 1e6)
         self.energy_uj = energy % self.node["max_energy_range_uj"]
         self._count_throttle()
 

@@ -97,9 +97,9 @@ class SysfsTree:
     def publish(self, model: NodeModel) -> None:
         _write(self.rapl / "energy_uj", str(model.energy_uj))
         temps = model.core_temps_c()
-        _write(self.coretemp / "temp1_input", str(int(round(max(temps) * 1000))))
+        _write(self.coretemp / "temp1_input", str(round(max(temps) * 1000)))
         for i, t in enumerate(temps):
-            _write(self.coretemp / f"temp{i + 2}_input", str(int(round(t * 1000))))
+            _write(self.coretemp / f"temp{i + 2}_input", str(round(t * 1000)))
         for cpu in range(self.cpus):
             tt = self.root / f"devices/system/cpu/cpu{cpu}/thermal_throttle"
             _write(tt / "core_throttle_count", str(model.core_events[cpu % self.node["cores"]]))

@@ -130,6 +130,19 @@ def line(node: dict, state: str) -> str:
     return f"Card: {node['card']} Cpu: {node['cpu']}  STATE: {state}"
 
 
+def _wait(fleet: Fleet, nodes: list[dict], goal: str, timeout: float, *, out, sleep) -> int:
+    rc = 0
+    deadline = fleet.clock() + timeout
+    for n in nodes:
+        while (state := fleet.state(n)) != goal:
+            if state == "link_down" or fleet.clock() >= deadline:
+                print(f"ERROR: Card: {n['card']} Cpu: {n['cpu']} - state {state}, not {goal}", file=out)
+                rc = 1
+                break
+            sleep(0.2)
+    return rc
+
+
 def run(argv: list[str], fleet: Fleet, out=sys.stdout, sleep=time.sleep) -> int:
     if not argv:
         print(__doc__.strip(), file=out)
@@ -140,44 +153,35 @@ def run(argv: list[str], fleet: Fleet, out=sys.stdout, sleep=time.sleep) -> int:
         i = rest.index("--timeout")
         timeout = float(rest[i + 1])
         rest = rest[:i] + rest[i + 2:]
-    positional = [a for a in rest if a.isdigit()][:2]
-    rc = 0
+    actions = {
+        "boot": fleet.boot,
+        "reset": fleet.reset,
+        "os-shutdown": fleet.os_shutdown,
+        "pwrbtn-short": fleet.pwrbtn_short,
+        "pwrbtn-long": fleet.pwrbtn_long,
+    }
+    waits = {"wait": "net_device_ready", "wait-BIOS": "bios_up"}
+    if verb != "status" and verb not in actions and verb not in waits:
+        print(f"ERROR: unknown command {verb}", file=out)
+        return 2
     try:
-        nodes = fleet.select(positional)
-        if verb == "status":
-            for n in nodes:
-                print(line(n, fleet.state(n)), file=out)
-        elif verb in ("boot", "reset", "os-shutdown", "pwrbtn-short", "pwrbtn-long"):
-            action = {
-                "boot": fleet.boot,
-                "reset": fleet.reset,
-                "os-shutdown": fleet.os_shutdown,
-                "pwrbtn-short": fleet.pwrbtn_short,
-                "pwrbtn-long": fleet.pwrbtn_long,
-            }[verb]
-            for n in nodes:
-                try:
-                    action(n)
-                except VcactlError as exc:
-                    print(exc, file=out)
-                    rc = 1
-        elif verb in ("wait", "wait-BIOS"):
-            goal = "net_device_ready" if verb == "wait" else "bios_up"
-            deadline = fleet.clock() + timeout
-            for n in nodes:
-                while fleet.state(n) != goal:
-                    if fleet.state(n) == "link_down" or fleet.clock() >= deadline:
-                        print(f"ERROR: Card: {n['card']} Cpu: {n['cpu']} - state {fleet.state(n)}, "
-                              f"not {goal}", file=out)
-                        rc = 1
-                        break
-                    sleep(0.2)
-        else:
-            print(f"ERROR: unknown command {verb}", file=out)
-            return 2
+        nodes = fleet.select([a for a in rest if a.isdigit()][:2])
     except VcactlError as exc:
         print(exc, file=out)
         return 1
+    if verb == "status":
+        for n in nodes:
+            print(line(n, fleet.state(n)), file=out)
+        return 0
+    if verb in waits:
+        return _wait(fleet, nodes, waits[verb], timeout, out=out, sleep=sleep)
+    rc = 0
+    for n in nodes:
+        try:
+            actions[verb](n)
+        except VcactlError as exc:
+            print(exc, file=out)
+            rc = 1
     return rc
 
 

@@ -1,0 +1,48 @@
+"""Shared fixtures: the project's module_utils importable as ansible.module_utils.*,
+library modules loadable by name, a module runner, and a simulated sysfs tree."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import ansible.module_utils
+import pytest
+from ansible.module_utils.testing import patch_module_args
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "lab" / "sim"))
+ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
+
+from vcasim.model import load_params  # noqa: E402  (needs the path above)
+from vcasim.tree import SysfsTree  # noqa: E402
+
+
+def load_library(name: str):
+    spec = importlib.util.spec_from_file_location(f"vcafleet_library_{name}", ROOT / "library" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_module(name: str, args: dict, capsys) -> dict:
+    """Run library/<name>.py's main() with args; return its JSON result (failed or not)."""
+    module = load_library(name)
+    with patch_module_args(args), pytest.raises(SystemExit):
+        module.main()
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture
+def sim_params():
+    return load_params()
+
+
+@pytest.fixture
+def sim_tree(tmp_path, sim_params):
+    """A fresh simulated node tree under tmp_path/sys, as lab/sim creates it."""
+    tree = SysfsTree(tmp_path / "sys", sim_params["node"])
+    tree.create()
+    return tree

@@ -1,0 +1,73 @@
+"""site.yml's first play on broken inventories: it fails naming host and field, before any change.
+
+These run the real ansible-playbook against copies of the lab inventory. The
+validation play runs on the controller only, so no lab container is needed:
+if validation let a broken inventory through, the next play would try to reach
+the (absent) containers and the assertions on the output would fail.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT
+
+PLAYBOOK = str(ROOT / "site.yml")
+
+
+def copy_inventory(tmp_path: Path) -> Path:
+    dest = tmp_path / "inventory"
+    shutil.copytree(ROOT / "inventory" / "lab", dest, symlinks=False)
+    return dest
+
+
+def edit_hosts(inv: Path, change) -> None:
+    hosts = inv / "hosts.yml"
+    data = yaml.safe_load(hosts.read_text())
+    change(data["all"]["children"])
+    hosts.write_text(yaml.safe_dump(data))
+
+
+def site(inv: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               VCA_LAB_NAME="vcafleet-nonexistent")
+    bindir = Path(sys.executable).parent
+    return subprocess.run([str(bindir / "ansible-playbook"), "-i", str(inv), PLAYBOOK, *extra],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300, check=False)
+
+
+@pytest.mark.parametrize("check", [False, True])
+def test_ip_that_disagrees_with_the_node_number_stops_site(tmp_path, check):
+    inv = copy_inventory(tmp_path)
+
+    def wrong_ip(groups):
+        groups["lab"]["children"]["vca_nodes"]["children"]["card1"]["hosts"]["vca-node4"]["vca_node_ip"] = "172.31.9.1"
+
+    edit_hosts(inv, wrong_ip)
+    run = site(inv, *(["--check"] if check else []))
+    assert run.returncode != 0
+    assert "vca-node4: vca_node_ip is '172.31.9.1', expected '172.31.5.1' for node 4" in run.stdout
+    assert "PLAY [VCA host]" not in run.stdout          # nothing after the first play ran
+
+
+def test_dead_node_in_a_service_group_stops_site(tmp_path):
+    inv = copy_inventory(tmp_path)
+    edit_hosts(inv, lambda groups: groups["farm"]["hosts"].update({"vca-node3": None}))
+    run = site(inv)
+    assert run.returncode != 0
+    assert "vca-node3: is dead but listed in service group farm" in run.stdout
+    assert "PLAY [VCA host]" not in run.stdout
+
+
+def test_valid_inventory_passes_validation(tmp_path):
+    inv = copy_inventory(tmp_path)
+    run = site(inv, "--tags", "always")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "Check every node against the topology rule" in run.stdout

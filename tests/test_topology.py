@@ -1,0 +1,108 @@
+"""The node rule and inventory checks, on the shipped inventories and on broken ones."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from ansible.inventory.manager import InventoryManager
+from ansible.module_utils.vca_topology import check_inventory, expected
+from ansible.parsing.dataloader import DataLoader
+from ansible.vars.manager import VariableManager
+
+from conftest import ROOT, run_module
+
+
+def load(inventory: str):
+    loader = DataLoader()
+    inv = InventoryManager(loader=loader, sources=[str(ROOT / "inventory" / inventory)])
+    vm = VariableManager(loader=loader, inventory=inv)
+    groups = {g: [h.name for h in inv.groups[g].get_hosts()] for g in inv.groups}
+    nodes = {}
+    for host in groups["vca_nodes"]:
+        hv = vm.get_vars(host=inv.get_host(host))
+        nodes[host] = {k: hv.get(k) for k in ("vca_node", "vca_card", "vca_cpu", "vca_node_ip")}
+    return nodes, groups, vm, inv
+
+
+@pytest.mark.parametrize("inventory", ["production", "lab"])
+def test_shipped_inventories_follow_the_rule(inventory):
+    nodes, groups, _, _ = load(inventory)
+    assert check_inventory(nodes, groups) == []
+    assert sorted(groups["farm"]) == ["vca-node0", "vca-node1", "vca-node4", "vca-node5"]
+    assert sorted(groups["smem_interactive"]) == ["vca-node0", "vca-node1", "vca-node2"]
+    assert sorted(groups["smem_background"]) == ["vca-node4", "vca-node5"]
+    assert groups["dead"] == ["vca-node3"]
+
+
+@pytest.mark.parametrize("inventory", ["production", "lab"])
+def test_card1_is_capped_and_card0_is_stock(inventory):
+    _, _, vm, inv = load(inventory)
+    card1 = vm.get_vars(host=inv.get_host("vca-node4"))
+    card0 = vm.get_vars(host=inv.get_host("vca-node0"))
+    assert (card1["vca_power_cap_pl1_w"], card1["vca_power_cap_pl2_w"]) == (35, 40)
+    assert (card0["vca_power_cap_pl1_w"], card0["vca_power_cap_pl2_w"]) == (None, None)
+
+
+def test_rule():
+    assert expected(0) == {"vca_card": 0, "vca_cpu": 0, "vca_node_ip": "172.31.1.1"}
+    assert expected(5) == {"vca_card": 1, "vca_cpu": 2, "vca_node_ip": "172.31.6.1"}
+
+
+@pytest.fixture
+def good():
+    nodes, groups, _, _ = load("production")
+    return nodes, groups
+
+
+def test_ip_that_disagrees_with_the_number_names_host_and_field(good):
+    nodes, groups = copy.deepcopy(good)
+    nodes["vca-node4"]["vca_node_ip"] = "172.31.9.1"
+    assert check_inventory(nodes, groups) == [
+        "vca-node4: vca_node_ip is '172.31.9.1', expected '172.31.5.1' for node 4"
+    ]
+
+
+def test_dead_node_in_a_service_group_is_named(good):
+    nodes, groups = copy.deepcopy(good)
+    groups["farm"].append("vca-node3")
+    assert check_inventory(nodes, groups) == ["vca-node3: is dead but listed in service group farm"]
+
+
+def test_card_and_cpu_must_follow_the_number(good):
+    nodes, groups = copy.deepcopy(good)
+    nodes["vca-node2"].update(vca_card=1, vca_cpu="0")
+    errors = check_inventory(nodes, groups)
+    assert "vca-node2: vca_card is 1, expected 0 for node 2" in errors
+    assert "vca-node2: vca_cpu is '0', expected 2 for node 2" in errors
+    assert "vca-node2: vca_card is 1 but the host is in group card0" in errors
+
+
+def test_duplicate_and_missing_numbers(good):
+    nodes, groups = copy.deepcopy(good)
+    nodes["vca-node5"] = dict(nodes["vca-node4"])
+    del nodes["vca-node1"]["vca_node"]
+    errors = check_inventory(nodes, groups)
+    assert "vca-node5: vca_node 4 is also used by vca-node4" in errors
+    assert "vca-node1: vca_node is not set" in errors
+
+
+def test_empty_required_group_and_strays(good):
+    nodes, groups = copy.deepcopy(good)
+    groups["smem_background"] = []
+    groups["farm"].append("vca-host")
+    errors = check_inventory(nodes, groups)
+    assert "group smem_background: is empty or missing" in errors
+    assert "vca-host: is in farm but not in vca_nodes" in errors
+
+
+def test_module_fails_with_every_error_and_changes_nothing(good, capsys):
+    nodes, groups = copy.deepcopy(good)
+    nodes["vca-node4"]["vca_node_ip"] = "172.31.9.1"
+    groups["smem_interactive"].append("vca-node3")
+    result = run_module("vca_inventory_check", {"nodes": nodes, "groups": groups}, capsys)
+    assert result["failed"] is True and result["changed"] is False
+    assert "vca-node4: vca_node_ip" in result["msg"]
+    assert "vca-node3: is dead but listed in service group smem_interactive" in result["msg"]
+    ok = run_module("vca_inventory_check", {"nodes": good[0], "groups": good[1]}, capsys)
+    assert ok.get("failed") is not True and ok["nodes_checked"] == 6
