@@ -1,0 +1,63 @@
+"""Verify the whole-site converge on the molecule lab (testinfra).
+
+The lab's machines are addressed directly as docker://<lab>-<name>; the lab
+name comes from the scenario's VCA_LAB_NAME.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+import testinfra
+
+LAB = os.environ.get("VCA_LAB_NAME", "vcamol")
+PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[3]))
+LIVE = [0, 1, 2, 4, 5]
+SYSFS = "/var/lib/vcasim/sys"
+LOCAL = testinfra.get_host("local://")
+
+
+def machine(name: str):
+    return testinfra.get_host(f"docker://{LAB}-{name}")
+
+
+def test_dead_node_container_exists_but_is_stopped():
+    state = LOCAL.check_output(f"docker inspect -f '{{{{.State.Status}}}}' {LAB}-node3")
+    assert state in ("created", "exited")          # created stopped, or stopped later: never running
+
+
+def test_vcactl_reports_live_nodes_ready_and_node3_link_down():
+    out = machine("host").check_output("vcactl status")
+    states = dict(re.findall(r"Card: (\d+ Cpu: \d+)\s+STATE: (\S+)", out))
+    assert states == {
+        "0 Cpu: 0": "net_device_ready", "0 Cpu: 1": "net_device_ready", "0 Cpu: 2": "net_device_ready",
+        "1 Cpu: 0": "link_down", "1 Cpu: 1": "net_device_ready", "1 Cpu: 2": "net_device_ready",
+    }
+
+
+@pytest.mark.parametrize("node", LIVE)
+def test_live_node_simulator_runs_and_its_counters_move(node):
+    host = machine(f"node{node}")
+    svc = host.service("vcasim-node")
+    assert svc.is_running and svc.is_enabled
+    assert host.file(f"{SYSFS}/class/hwmon/hwmon1/name").content_string.strip() == "coretemp"
+    rapl = f"{SYSFS}/class/powercap/intel-rapl:0"
+    e0 = int(host.file(f"{rapl}/energy_uj").content_string)
+    time.sleep(2.5)
+    e1 = int(host.file(f"{rapl}/energy_uj").content_string)
+    watts = (e1 - e0) / 2.5e6
+    assert 5.0 < watts < 60.0, watts                          # idle ~12 W, never above stock PL2
+    temp = int(host.file(f"{SYSFS}/class/hwmon/hwmon1/temp1_input").content_string) / 1000
+    assert 30.0 < temp < 96.0
+
+
+def test_second_check_run_reports_no_changes():
+    env = f"VCA_LAB_NAME={LAB} ANSIBLE_CONFIG={PROJECT}/ansible.cfg ANSIBLE_NOCOLOR=1 ANSIBLE_FORCE_COLOR=0"
+    out = LOCAL.check_output(f"cd {PROJECT} && {env} ansible-playbook -i inventory/lab site.yml --check")
+    recap = re.findall(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", out, re.M)
+    assert recap, out
+    assert all(changed == "0" and unreachable == "0" and failed == "0" for _, changed, unreachable, failed in recap)
