@@ -1,0 +1,49 @@
+"""vca_host on the molecule container: DKMS state, modinfo per kernel, modprobe config."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+def kernels(host):
+    out = host.check_output("ls -1 /lib/modules")
+    found = sorted(k for k in out.split() if host.file(f"/lib/modules/{k}/build/Makefile").exists)
+    assert len(found) == 2, found              # 6.1 and the backports kernel
+    return found
+
+
+@pytest.mark.parametrize("package, module", [("vca2-vcass", "plx87xx"), ("vca_mbox", "vca_mbox"),
+                                             ("vca_dma", "vca_dma")])
+def test_installed_for_every_kernel(host, package, module):
+    status = host.check_output(f"dkms status -m {package}")
+    for kernel in kernels(host):
+        assert re.search(rf"^{package}/[^,]+, {re.escape(kernel)}, x86_64: installed", status, re.M), status
+        path = host.check_output(f"modinfo -k {kernel} -F filename {module}")
+        assert "/updates/dkms/" in path
+        assert host.file(path).exists
+
+
+def test_our_patch_is_in_the_built_source(host):
+    src = host.check_output("ls -d /usr/src/vca2-vcass-0.0.1-vcafleet.*")
+    assert len(src.split()) == 1                      # one version, old ones removed
+    assert host.file(f"{src}/vca/plx87xx/plx_mbox.c").contains("EXPORT_SYMBOL_GPL(plx_mbox_get)")
+    conf = host.file(f"{src}/dkms.conf")
+    assert conf.contains('BUILD_EXCLUSIVE_KERNEL=".*"')
+    assert conf.contains("0001-plx_mbox.patch")
+
+
+def test_patched_module_exports_the_mailbox(host):
+    kernel = kernels(host)[0]
+    path = host.check_output(f"modinfo -k {kernel} -F filename plx87xx")
+    assert "plx_mbox_spad_write" in host.check_output(f"strings {path}")
+
+
+def test_modprobe_config(host):
+    conf = host.file("/etc/modprobe.d/vca2-host.conf")
+    assert conf.contains("^blacklist vca_csa$")
+    assert conf.contains("^softdep plx87xx pre: .*vca_virtio .*plx87xx_dma$")
+
+
+def test_no_staging_left(host):
+    assert host.check_output("ls -a /usr/src | grep -c staging || true") == "0"
