@@ -3,8 +3,8 @@
 # No registry can be pulled here, so: mmdebstrap -> tar -> docker import.
 # The tag is the content hash of the recipe; an existing tag is reused.
 # stdout: the image tag, nothing else. Progress goes to stderr.
-# The apt lists are left empty and dated 1970, so that apt cache_valid_time
-# in a role never mistakes the image for a fresh `apt-get update`.
+# The image keeps the apt lists it was built with: a role's cache_valid_time
+# then sees lists that really are as fresh as their date says.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 mirror=${VCA_LAB_MIRROR:-http://deb.debian.org/debian}
@@ -25,7 +25,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mmdebstrap --variant=apt --format=tar --include="$packages" \
     --customize-hook='rm -f "$1"/etc/machine-id; touch "$1"/etc/machine-id' \
-    --customize-hook='touch -d @0 "$1"/var/lib/apt/lists' \
+    --skip=cleanup/apt/lists \
     bookworm "$work/rootfs.tar" "$mirror" >&2
 docker import \
     --change 'CMD ["/lib/systemd/systemd"]' \

@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+
 def kernels(host):
     out = host.check_output("ls -1 /lib/modules")
     found = sorted(k for k in out.split() if host.file(f"/lib/modules/{k}/build/Makefile").exists)
