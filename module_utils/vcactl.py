@@ -51,14 +51,22 @@ def parse_status(text, nodes_per_card=3):
         if not m:
             continue
         card, cpu, state = int(m.group(1)), int(m.group(2)), m.group(3)
-        known = state in STATES
-        records.append({
-            "node": card * nodes_per_card + cpu,
-            "card": card,
-            "cpu": cpu,
-            "state": state,
-            "state_class": STATES.get(state, "unknown"),
-            "known": known,
-            "link": "down" if state == "link_down" else ("up" if known else "unknown"),
-        })
+        record = {"node": card * nodes_per_card + cpu, "card": card, "cpu": cpu}
+        record.update(classify(state))
+        record["link"] = "down" if state == "link_down" else ("up" if record["known"] else "unknown")
+        records.append(record)
     return records
+
+
+def classify(state):
+    return {"state": state, "state_class": STATES.get(state, "unknown"), "known": state in STATES}
+
+
+def sysfs_states(sysfs):
+    """{device: classify(state)} for every class/vca/<device>/state; absent class -> {}."""
+    found = {}
+    for device in sysfs.listdir("class/vca"):
+        state = sysfs.read_optional("class/vca/%s/state" % device)
+        if state is not None:
+            found[device] = classify(state)
+    return found

@@ -119,3 +119,22 @@ def test_vca_status_module_fails_clearly_when_vcactl_fails(tmp_path, capsys):
     os.chmod(fake, 0o755)
     result = run_module("vca_status", {"vcactl": str(fake)}, capsys)
     assert result["failed"] and "rc=3" in result["msg"] and "could not parse" in result["msg"]
+
+
+def test_vca_status_reads_every_sysfs_state_through_the_safe_reader(tmp_path, capsys):
+    for i, state in enumerate(STATES):
+        (tmp_path / f"class/vca/vca{i}").mkdir(parents=True)
+        (tmp_path / f"class/vca/vca{i}/state").write_text(state + "\n")
+    (tmp_path / "class/vca/vcaX").mkdir()
+    (tmp_path / "class/vca/vcaX/state").write_text("brand_new_state\n")
+    result = run_module("vca_status", {"use_vcactl": False, "sysfs_root": str(tmp_path)}, capsys)
+    facts = result["ansible_facts"]["vca_sysfs_state"]
+    assert {f["state"] for k, f in facts.items() if k != "vcaX"} == set(STATES)
+    assert all(f["known"] for k, f in facts.items() if k != "vcaX")
+    assert facts["vcaX"] == {"state": "brand_new_state", "state_class": "unknown", "known": False}
+    assert result["ansible_facts"]["vca_node_status"] == {}
+
+
+def test_vca_status_without_class_vca_is_empty_not_an_error(tmp_path, capsys):
+    result = run_module("vca_status", {"use_vcactl": False, "sysfs_root": str(tmp_path)}, capsys)
+    assert result["ansible_facts"]["vca_sysfs_state"] == {}
