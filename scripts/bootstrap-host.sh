@@ -14,6 +14,12 @@ if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
     apt_install python3-venv
 fi
 
+# OpenCL on the CPU for the GEMM probe's tests, and a C compiler with OpenMP for its CPU SGEMM.
+if ! dpkg -s pocl-opencl-icd >/dev/null 2>&1 || ! command -v cc >/dev/null 2>&1; then
+    echo "bootstrap: installing pocl-opencl-icd and gcc" >&2
+    apt_install pocl-opencl-icd ocl-icd-libopencl1 gcc libgomp1
+fi
+
 if ! command -v dockerd >/dev/null 2>&1; then
     echo "bootstrap: installing docker.io" >&2
     apt_install docker.io

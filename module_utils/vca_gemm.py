@@ -1,0 +1,236 @@
+# SPDX-License-Identifier: MIT
+"""GEMM probe logic: random-data verification, timing statistics, OpenCL and CPU runners.
+
+A figure is only ever reported for a result that matched a float64 CPU
+reference on random data. An all-ones check is not enough: it passed a
+kernel in the seed's tree that corrupted 40% of its output.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import statistics
+import time
+
+import numpy as np
+
+FLOAT32_UNIT_ROUNDOFF = 2.0 ** -24
+TOLERANCE_FACTOR = 16.0
+
+
+class VerificationFailed(Exception):
+    def __init__(self, verification):
+        Exception.__init__(self, "%(wrong)d of %(elements)d elements wrong, max relative error %(max_rel_error).3g"
+                           " (tolerance %(tolerance).3g)" % verification)
+        self.verification = verification
+
+
+def random_operands(m, n, k, seed):
+    rng = np.random.default_rng(seed)
+    a = rng.uniform(-1.0, 1.0, (m, k)).astype(np.float32)
+    b = rng.uniform(-1.0, 1.0, (k, n)).astype(np.float32)
+    return a, b
+
+
+def tolerance(k):
+    """Allowed error relative to sum_k |a_ik||b_kj|: float32 rounding grows like sqrt(K)."""
+    return TOLERANCE_FACTOR * math.sqrt(k) * FLOAT32_UNIT_ROUNDOFF
+
+
+class Reference(object):
+    """float64 product and the per-element bound |A|.|B|, computed once per operand pair."""
+
+    def __init__(self, a, b):
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        self.c = a64 @ b64
+        self.bound = np.maximum(np.abs(a64) @ np.abs(b64), np.finfo(np.float64).tiny)
+        self.k = a.shape[1]
+
+    def verify(self, c):
+        rel = np.abs(c.astype(np.float64) - self.c) / self.bound
+        tol = tolerance(self.k)
+        bad = ~(rel <= tol)          # NaN counts as wrong
+        return {
+            "method": "random uniform(-1,1) operands against a float64 CPU reference",
+            "elements": int(rel.size),
+            "wrong": int(bad.sum()),
+            "max_rel_error": float(np.nanmax(rel)) if np.isfinite(rel).any() else float("inf"),
+            "tolerance": tol,
+            "passed": bool(not bad.any()),
+        }
+
+
+def timing(samples_s, cpu_s, wall_s, expected_threads):
+    """Median and spread of the timed runs; CPU time against wall time to flag a noisy host."""
+    med = statistics.median(samples_s)
+    ratio = cpu_s / wall_s if wall_s > 0 else 0.0
+    return {
+        "runs": len(samples_s),
+        "median_s": med,
+        "min_s": min(samples_s),
+        "max_s": max(samples_s),
+        "spread": (max(samples_s) - min(samples_s)) / med if med > 0 else 0.0,
+        "cpu_s": cpu_s,
+        "wall_s": wall_s,
+        "cpu_per_wall": ratio,
+        "expected_threads": expected_threads,
+        # A CPU-bound probe that got far less CPU than its threads shared the cores with something.
+        "noisy": bool(expected_threads and ratio < 0.8 * expected_threads),
+    }
+
+
+def gflops(m, n, k, seconds):
+    return 2.0 * m * n * k / seconds / 1e9
+
+
+def padded(x, rows, cols):
+    if x.shape == (rows, cols):
+        return np.ascontiguousarray(x)
+    out = np.zeros((rows, cols), dtype=np.float32)
+    out[: x.shape[0], : x.shape[1]] = x
+    return out
+
+
+def round_up(x, step):
+    return (x + step - 1) // step * step
+
+
+class OpenCLRunner(object):
+    """Builds the tiled kernel for one parameter set and runs it on one device."""
+
+    def __init__(self, device, source, shipped_source=None):
+        import pyopencl as cl  # imported here: the CPU backend must work without OpenCL
+
+        self.cl = cl
+        self.device = device
+        self.ctx = cl.Context([device])
+        self.queue = cl.CommandQueue(self.ctx)
+        self.source = source
+        self.shipped_source = shipped_source
+        self._kernels = {}
+
+    def describe(self):
+        d = self.device
+        return {"name": d.name.strip(), "vendor": d.vendor.strip(), "driver": d.driver_version.strip(),
+                "platform": d.platform.name.strip(), "type": self.cl.device_type.to_string(d.type),
+                "compute_units": d.max_compute_units, "max_work_group_size": d.max_work_group_size,
+                "local_mem_bytes": d.local_mem_size}
+
+    def is_cpu(self):
+        return bool(self.device.type & self.cl.device_type.CPU)
+
+    def _kernel(self, params, extra=()):
+        """The sgemm kernel built for these macros, built once per runner."""
+        key = (tuple(sorted(params.items())), tuple(extra))
+        if key not in self._kernels:
+            opts = ["-D%s=%d" % (k, v) for k, v in sorted(params.items())] + list(extra)
+            program = self.cl.Program(self.ctx, self.source).build(options=" ".join(opts))
+            self._kernels[key] = self.cl.Kernel(program, "sgemm")
+        return self._kernels[key]
+
+    def prepare(self, a, b, params, extra=()):
+        """Pad to the tiles, upload, and return a callable that runs once and waits."""
+        cl = self.cl
+        m, k = a.shape
+        n = b.shape[1]
+        mp, np_, kp = round_up(m, params["TM"]), round_up(n, params["TN"]), round_up(k, params["TK"])
+        ap, bp = padded(a, mp, kp), padded(b, kp, np_)
+        mf = cl.mem_flags
+        abuf = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=ap)
+        bbuf = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=bp)
+        cbuf = cl.Buffer(self.ctx, mf.WRITE_ONLY, mp * np_ * 4)
+        kernel = self._kernel(params, extra)
+        local = (params["TN"] // params["WPTN"], params["TM"] // params["WPTM"])
+        glob = (np_ // params["TN"] * local[0], mp // params["TM"] * local[1])
+        args = (np.int32(mp), np.int32(np_), np.int32(kp), abuf, bbuf, cbuf)
+
+        def run():
+            kernel(self.queue, glob, local, *args).wait()
+
+        def result():
+            out = np.empty((mp, np_), dtype=np.float32)
+            cl.enqueue_copy(self.queue, out, cbuf)
+            return out[:m, :n]
+
+        return run, result
+
+    def prepare_shipped(self, a, b):
+        """The shipped kernel's way: one element per work-item, local size left to the runtime."""
+        cl = self.cl
+        m, k = a.shape
+        n = b.shape[1]
+        program = cl.Program(self.ctx, self.shipped_source).build()
+        mf = cl.mem_flags
+        abuf = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(a))
+        bbuf = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(b))
+        cbuf = cl.Buffer(self.ctx, mf.WRITE_ONLY, m * n * 4)
+        kernel = self.cl.Kernel(program, "sgemm_shipped")
+
+        def run():
+            kernel(self.queue, (n, m), None, np.int32(m), np.int32(n), np.int32(k), abuf, bbuf, cbuf).wait()
+
+        def result():
+            out = np.empty((m, n), dtype=np.float32)
+            cl.enqueue_copy(self.queue, out, cbuf)
+            return out
+
+        return run, result
+
+
+class CPURunner(object):
+    """The C AVX2/FMA + OpenMP SGEMM, compiled on the node, through ctypes."""
+
+    def __init__(self, library):
+        self.library = library
+        self.lib = ctypes.CDLL(library)
+        self.lib.vca_sgemm.argtypes = [ctypes.c_int] * 3 + [ctypes.c_void_p] * 3
+        self.lib.vca_sgemm.restype = ctypes.c_int
+        self.lib.vca_sgemm_threads.restype = ctypes.c_int
+
+    def describe(self):
+        return {"name": "vca_sgemm (AVX2/FMA, OpenMP)", "library": self.library, "threads": self.threads()}
+
+    def threads(self):
+        return int(self.lib.vca_sgemm_threads())
+
+    def prepare(self, a, b):
+        a = np.ascontiguousarray(a)
+        b = np.ascontiguousarray(b)
+        c = np.empty((a.shape[0], b.shape[1]), dtype=np.float32)
+
+        def run():
+            rc = self.lib.vca_sgemm(a.shape[0], b.shape[1], a.shape[1], a.ctypes.data, b.ctypes.data, c.ctypes.data)
+            if rc != 0:
+                raise RuntimeError("vca_sgemm returned %d" % rc)
+
+        return run, (lambda: c)
+
+
+def measure(run, result, reference, repetitions, *, warmup=1, guard=None, expected_threads=0, sustain_s=0.0):
+    """Warm up, verify the warm-up result, then time; raises VerificationFailed or ThermalAbort."""
+    for _ in range(max(warmup, 1)):
+        run()
+    verification = reference.verify(result())
+    if not verification["passed"]:
+        raise VerificationFailed(verification)
+    samples = []
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    deadline = wall0 + sustain_s
+    while len(samples) < repetitions or time.perf_counter() < deadline:
+        if guard is not None:
+            guard.check()
+        t0 = time.perf_counter()
+        run()
+        samples.append(time.perf_counter() - t0)
+    cpu_s, wall_s = time.process_time() - cpu0, time.perf_counter() - wall0
+    # The last timed result must be right too: a kernel may go wrong under load.
+    last = reference.verify(result())
+    if not last["passed"]:
+        raise VerificationFailed(last)
+    return verification, timing(samples, cpu_s, wall_s, expected_threads)
+
+
+def default_threads():
+    return os.cpu_count() or 1

@@ -1,0 +1,85 @@
+# SPDX-License-Identifier: MIT
+"""The thermal guard every probe that loads a node runs under.
+
+One node of the seed fleet was lost to heat under sustained load, so a probe
+samples the hottest core while it runs and stops before it reaches the limit
+(default 90 C). A stopped probe reports `aborted: thermal` and the
+temperature seen, never a figure.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from ansible.module_utils.vca_sensors import coretemp
+from ansible.module_utils.vca_sysfs import Sysfs
+
+DEFAULT_LIMIT_C = 90.0
+
+
+class ThermalAbort(Exception):
+    def __init__(self, temperature_c, limit_c):
+        Exception.__init__(self, "hottest core reached %.1f C (limit %.1f C)" % (temperature_c, limit_c))
+        self.temperature_c = temperature_c
+        self.limit_c = limit_c
+
+
+def hottest_core_c(sysfs):
+    """The hottest coretemp reading (cores and package), or None without a coretemp sensor."""
+    temps = coretemp(sysfs)
+    return max(temps.values()) if temps else None
+
+
+class ThermalGuard(object):
+    """Context manager: samples in a thread; check() raises ThermalAbort once tripped.
+
+    Probes call check() between timed runs; a run already in flight finishes,
+    so the limit should sit a few degrees under the throttle point.
+    """
+
+    def __init__(self, sysfs_root="/sys", limit_c=DEFAULT_LIMIT_C, interval_s=0.5, read=None):
+        self.limit_c = float(limit_c)
+        self.interval_s = interval_s
+        self._read = read or (lambda: hottest_core_c(Sysfs(sysfs_root)))
+        self.max_seen_c = None
+        self.samples = 0
+        self.tripped_at_c = None
+        self.sensor = "coretemp"
+        self._stop = threading.Event()
+        self._thread = None
+
+    def sample(self):
+        t = self._read()
+        if t is None:
+            self.sensor = "absent"
+            return None
+        self.samples += 1
+        self.max_seen_c = t if self.max_seen_c is None else max(self.max_seen_c, t)
+        if t >= self.limit_c and self.tripped_at_c is None:
+            self.tripped_at_c = t
+        return t
+
+    def _loop(self):
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def __enter__(self):
+        self.sample()
+        self._thread = threading.Thread(target=self._loop, name="vca-thermal-guard", daemon=True)
+        self._thread.start()
+        self.check()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        return False
+
+    def check(self):
+        if self.tripped_at_c is not None:
+            raise ThermalAbort(self.tripped_at_c, self.limit_c)
+
+    def record(self):
+        return {"limit_c": self.limit_c, "max_seen_c": self.max_seen_c, "samples": self.samples,
+                "sensor": self.sensor}

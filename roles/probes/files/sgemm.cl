@@ -1,0 +1,114 @@
+// SPDX-License-Identifier: MIT
+// vcafleet tiled SGEMM: C = A * B, row-major, A is MxK, B is KxN, C is MxN.
+// The tiling is fixed at compile time (-D...), so one source serves CPU
+// OpenCL (PoCL) and GPUs, and the autotuner searches the macros:
+//   TM, TN      work-group tile of C (rows, columns)
+//   TK          K chunk per step
+//   WPTM, WPTN  outputs per work-item (rows, columns)
+//   VW          vector width along N (1, 2, 4, 8, 16); WPTN % VW == 0
+//   LMEM        1: stage A and B chunks in local memory (GPUs)
+//               0: read global memory directly, vectorised along N (CPU OpenCL)
+//   KBARRIER    1: a barrier per K chunk even without local memory, so that
+//               PoCL runs every work-item of the group over one chunk before
+//               the next, while that chunk of B is still in cache
+// The host pads: M % TM == 0, N % TN == 0, K % TK == 0.
+// SKIP_LAST_K_TILE (tests only) drops the last K chunk: a deliberately
+// wrong kernel that a random-data check must reject.
+
+#define RTSM (TM / WPTM)   // work-items along M
+#define RTSN (TN / WPTN)   // work-items along N
+#define WPTNV (WPTN / VW)  // vectors per work-item along N
+
+#define PASTE(a, b) a##b
+#define XPASTE(a, b) PASTE(a, b)
+#if VW == 1
+#define floatv float
+#define VLOAD(off, p) ((p)[(off)])
+#define VSTORE(v, off, p) ((p)[(off)] = (v))
+#else
+#define floatv XPASTE(float, VW)
+#define VLOAD(off, p) XPASTE(vload, VW)(0, (p) + (off))
+#define VSTORE(v, off, p) XPASTE(vstore, VW)((v), 0, (p) + (off))
+#endif
+
+#ifdef SKIP_LAST_K_TILE
+#define KEND (K - TK)
+#else
+#define KEND K
+#endif
+
+__kernel __attribute__((reqd_work_group_size(RTSN, RTSM, 1)))
+void sgemm(const int M, const int N, const int K,
+           __global const float *restrict A,
+           __global const float *restrict B,
+           __global float *restrict C)
+{
+    const int tn = get_local_id(0);
+    const int tm = get_local_id(1);
+    const int n0 = get_group_id(0) * TN;
+    const int m0 = get_group_id(1) * TM;
+
+#if LMEM
+    // Each work-item owns rows m0 + tm + i*RTSM and columns n0 + tn + j*RTSN:
+    // neighbours touch neighbouring addresses, in global and in local memory.
+    __local float As[TK][TM];
+    __local float Bs[TK][TN];
+    float acc[WPTM][WPTN];
+    for (int i = 0; i < WPTM; i++)
+        for (int j = 0; j < WPTN; j++)
+            acc[i][j] = 0.0f;
+    const int tid = tm * RTSN + tn;
+    for (int k0 = 0; k0 < KEND; k0 += TK) {
+        for (int e = tid; e < TM * TK; e += RTSM * RTSN) {
+            const int r = e / TK, c = e % TK;
+            As[c][r] = A[(m0 + r) * K + k0 + c];
+        }
+        for (int e = tid; e < TK * TN; e += RTSM * RTSN) {
+            const int r = e / TN, c = e % TN;
+            Bs[r][c] = B[(k0 + r) * N + n0 + c];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int k = 0; k < TK; k++) {
+            float b[WPTN];
+            for (int j = 0; j < WPTN; j++)
+                b[j] = Bs[k][tn + j * RTSN];
+            for (int i = 0; i < WPTM; i++) {
+                const float a = As[k][tm + i * RTSM];
+                for (int j = 0; j < WPTN; j++)
+                    acc[i][j] = mad(a, b[j], acc[i][j]);
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    for (int i = 0; i < WPTM; i++)
+        for (int j = 0; j < WPTN; j++)
+            C[(m0 + tm + i * RTSM) * N + n0 + tn + j * RTSN] = acc[i][j];
+#else
+    // Each work-item owns a WPTM x WPTN block; along N it is read and written
+    // as vectors of VW floats, which CPU OpenCL maps onto SIMD registers.
+    const int row = m0 + tm * WPTM;
+    const int col = n0 + tn * WPTN;
+    floatv acc[WPTM][WPTNV];
+    for (int i = 0; i < WPTM; i++)
+        for (int j = 0; j < WPTNV; j++)
+            acc[i][j] = (floatv)(0.0f);
+    for (int k0 = 0; k0 < KEND; k0 += TK) {
+        for (int k = k0; k < k0 + TK; k++) {
+            floatv b[WPTNV];
+            for (int j = 0; j < WPTNV; j++)
+                b[j] = VLOAD(k * N + col + j * VW, B);
+            for (int i = 0; i < WPTM; i++) {
+                const floatv a = (floatv)(A[(row + i) * K + k]);
+                for (int j = 0; j < WPTNV; j++)
+                    acc[i][j] = mad(a, b[j], acc[i][j]);
+            }
+        }
+#if KBARRIER
+        barrier(CLK_LOCAL_MEM_FENCE);
+#endif
+    }
+    for (int i = 0; i < WPTM; i++)
+        for (int j = 0; j < WPTNV; j++)
+            VSTORE(acc[i][j], (row + i) * N + col + j * VW, C);
+#endif
+}

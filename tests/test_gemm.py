@@ -1,0 +1,183 @@
+"""The GEMM probe on PoCL and the C SGEMM: verification by content, tuning, cache, thermal guard."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from ansible.module_utils.vca_autotune import SPACE, Tuner, cache_key, valid
+from ansible.module_utils.vca_gemm import OpenCLRunner, Reference, random_operands, timing, tolerance
+from ansible.module_utils.vca_thermal import ThermalAbort, ThermalGuard
+
+from conftest import ROOT, run_module
+from vcasim.model import NodeModel
+
+PROBES = ROOT / "roles" / "probes" / "files"
+SMALL_CPU = dict(TM=16, TN=32, TK=16, WPTM=4, WPTN=8, VW=8, LMEM=0, KBARRIER=1)
+SMALL_LMEM = dict(TM=16, TN=16, TK=8, WPTM=2, WPTN=2, VW=1, LMEM=1, KBARRIER=0)
+
+pyopencl = pytest.importorskip("pyopencl")
+
+
+def opencl_args(tmp_path, **kw):
+    args = {"backend": "opencl", "kernel_dir": str(PROBES), "sizes": [96], "repetitions": 5,
+            "cache_path": str(tmp_path / "tune.json"), "sysfs_root": str(tmp_path / "nosys")}
+    args.update(kw)
+    return args
+
+
+@pytest.mark.parametrize("params", [SMALL_CPU, SMALL_LMEM], ids=["vector", "local-memory"])
+def test_tiled_kernel_reports_a_verified_figure(tmp_path, capsys, params):
+    result = run_module("vca_gemm", opencl_args(tmp_path, params=params, sizes=[96, 100]), capsys)
+    assert result.get("failed") is not True, result.get("msg")
+    record = result["record"]
+    assert record["platform"] == "lab" and result["changed"] is False
+    for r in record["results"]:                      # 100 is padded to the tiles, then cut back
+        assert r["verification"]["passed"] and r["verification"]["wrong"] == 0
+        assert r["verification"]["max_rel_error"] < r["verification"]["tolerance"]
+        assert r["timing"]["runs"] >= 5 and r["gflops"] > 0
+    assert record["params"] == params and record["tuning"] == {"source": "given"}
+
+
+def test_kernel_that_skips_the_last_k_tile_is_rejected(tmp_path, capsys):
+    result = run_module("vca_gemm", opencl_args(tmp_path, params=SMALL_CPU, build_options=["-DSKIP_LAST_K_TILE"]),
+                        capsys)
+    assert result["failed"] is True
+    assert "no figure reported" in result["msg"]
+    assert "record" not in result
+    v = result["verification"]
+    assert v["wrong"] > 0.99 * v["elements"] and v["max_rel_error"] > 100 * v["tolerance"]
+
+
+def test_the_all_ones_check_would_have_passed_that_kernel():
+    """With A = B = 1 the wrong kernel's output is uniform (K - TK everywhere) and non-zero,
+    which is all the seed tree's ones check looked at; random data catches it."""
+    ctx = pyopencl.Context([pyopencl.get_platforms()[0].get_devices()[0]])
+    runner = OpenCLRunner(ctx.devices[0], (PROBES / "sgemm.cl").read_text())
+    ones = np.ones((64, 64), dtype=np.float32)
+    run, result = runner.prepare(ones, ones, SMALL_CPU, ["-DSKIP_LAST_K_TILE"])
+    run()
+    out = result()
+    assert np.all(out == out[0, 0]) and out[0, 0] == 64 - SMALL_CPU["TK"]
+    a, b = random_operands(64, 64, 64, 3)
+    run, result = runner.prepare(a, b, SMALL_CPU, ["-DSKIP_LAST_K_TILE"])
+    run()
+    assert not Reference(a, b).verify(result())["passed"]
+
+
+def test_shipped_kernel_reproduction_is_measured_too(tmp_path, capsys):
+    result = run_module("vca_gemm", opencl_args(tmp_path, kernel="shipped", sizes=[64]), capsys)
+    assert result["record"]["results"][0]["verification"]["passed"]
+    assert "params" not in result["record"]
+
+
+def test_tuning_searches_verifies_caches_and_reuses(tmp_path, capsys):
+    args = opencl_args(tmp_path, sizes=[64], tune_budget=6)
+    first = run_module("vca_gemm", args, capsys)["record"]
+    assert first["tuning"]["source"] == "tuned"
+    assert 1 <= first["tuning"]["verified_candidates"] <= first["tuning"]["trials"] <= 6
+    cache = json.loads((tmp_path / "tune.json").read_text())
+    assert list(cache) == [cache_key(first["device"], 64)]
+    second = run_module("vca_gemm", args, capsys)["record"]
+    assert second["tuning"]["source"] == "cache" and second["params"] == first["params"]
+
+
+def test_hot_node_aborts_with_the_temperature_and_no_figure(tmp_path, capsys, sim_tree, sim_params):
+    model = NodeModel.from_params(sim_params, "stock")
+    model.temp_c = 91.5
+    sim_tree.publish(model)
+    result = run_module("vca_gemm", opencl_args(tmp_path, params=SMALL_CPU, sysfs_root=str(sim_tree.root)), capsys)
+    assert result["aborted"] == "thermal" and result["temperature_c"] == 91.5
+    assert "record" not in result and result.get("failed") is not True
+
+
+def test_guard_trips_mid_run():
+    temps = iter([70.0, 85.0, 90.5, 95.0])
+    guard = ThermalGuard(read=lambda: next(temps), limit_c=90)
+    guard.sample()
+    guard.check()
+    guard.sample()
+    guard.sample()
+    with pytest.raises(ThermalAbort, match=r"90\.5"):
+        guard.check()
+    assert guard.record()["max_seen_c"] == 90.5
+
+
+def test_repetitions_below_five_are_refused(tmp_path, capsys):
+    result = run_module("vca_gemm", opencl_args(tmp_path, repetitions=3), capsys)
+    assert result["failed"] and "at least 5" in result["msg"]
+
+
+@pytest.fixture(scope="module")
+def cpu_library(tmp_path_factory):
+    if not shutil.which("cc"):
+        pytest.skip("no C compiler")
+    out = tmp_path_factory.mktemp("cpu") / "libvcasgemm.so"
+    subprocess.run(["cc", "-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-Wall", "-Werror",
+                    "-o", str(out), str(PROBES / "vca_sgemm.c")], check=True)
+    return str(out)
+
+
+def test_cpu_sgemm_is_verified_on_odd_sizes(tmp_path, capsys, cpu_library):
+    result = run_module("vca_gemm", {"backend": "cpu", "cpu_library": cpu_library, "sizes": [1, 7, 130],
+                                     "sysfs_root": str(tmp_path)}, capsys)
+    record = result["record"]
+    assert [r["n"] for r in record["results"]] == [1, 7, 130]
+    assert all(r["verification"]["passed"] for r in record["results"])
+    assert record["results"][0]["timing"]["expected_threads"] >= 1
+
+
+def test_tolerance_grows_with_k_and_catches_a_single_bad_element():
+    assert tolerance(4096) == pytest.approx(4 * tolerance(256))
+    a, b = random_operands(32, 32, 512, 9)
+    ref = Reference(a, b)
+    good = (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float32)
+    assert ref.verify(good)["passed"]
+    bad = good.copy()
+    bad[5, 7] += 0.05
+    assert ref.verify(bad)["wrong"] == 1
+    bad[0, 0] = np.nan
+    assert ref.verify(bad)["wrong"] == 2
+
+
+def test_noisy_host_is_flagged():
+    assert timing([1.0] * 5, cpu_s=3.9, wall_s=5.0, expected_threads=4)["noisy"] is True
+    assert timing([1.0] * 5, cpu_s=19.0, wall_s=5.0, expected_threads=4)["noisy"] is False
+    assert timing([1.0, 2.0, 1.5, 1.5, 1.5], cpu_s=0, wall_s=7.5, expected_threads=0)["spread"] == pytest.approx(2 / 3)
+
+
+LIMITS = {"max_work_group_size": 256, "local_mem_bytes": 32768}
+
+
+def test_tuner_prunes_and_finds_the_rare_good_setting():
+    best = dict(TM=64, TN=64, TK=32, WPTM=8, WPTN=16, VW=8, LMEM=0, KBARRIER=1)
+    evaluated = []
+
+    def evaluate(p):
+        assert valid(p, LIMITS, 1024)                       # nothing invalid is ever run
+        evaluated.append(p)
+        # one narrow peak: the score falls with each parameter's distance from the best value
+        return 100.0 / (1 + sum(abs(SPACE[k].index(p[k]) - SPACE[k].index(v)) for k, v in best.items()))
+
+    score, params = Tuner(evaluate, LIMITS, 1024, budget=120, seed=1).run()
+    assert params == best and score == 100.0
+    assert len(evaluated) <= 120
+
+
+def test_tuner_never_crowns_an_unverified_candidate():
+    wrong_but_fast = dict(TM=64, TN=64, TK=32, WPTM=8, WPTN=16, VW=8, LMEM=0, KBARRIER=1)
+
+    def evaluate(p):
+        return None if p == wrong_but_fast else 1.0 + p["TM"] / 1000
+
+    score, params = Tuner(evaluate, LIMITS, 1024, budget=40, seed=2).run(start=wrong_but_fast)
+    assert params != wrong_but_fast and score is not None
+
+
+def test_local_memory_limit_prunes():
+    p = dict(TM=128, TN=128, TK=64, WPTM=8, WPTN=8, VW=1, LMEM=1, KBARRIER=0)
+    assert not valid(p, LIMITS, 4096)                       # 64 KiB of local memory
+    assert valid(dict(p, TK=16), LIMITS, 4096)
