@@ -133,7 +133,7 @@ from ansible.module_utils.vca_thermal import ThermalAbort, ThermalGuard
 # Starting points when tuning is off and nothing is cached.
 DEFAULT_PARAMS = {
     "cpu": dict(TM=32, TN=64, TK=64, WPTM=4, WPTN=16, VW=16, LMEM=0, KBARRIER=1),
-    "gpu": dict(TM=64, TN=64, TK=16, WPTM=4, WPTN=4, VW=1, LMEM=1, KBARRIER=0),
+    "gpu": dict(TM=128, TN=128, TK=8, WPTM=8, WPTN=8, VW=1, LMEM=1, KBARRIER=0),
 }
 PARAM_KEYS = ("TM", "TN", "TK", "WPTM", "WPTN", "VW", "LMEM", "KBARRIER")
 

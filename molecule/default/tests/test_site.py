@@ -6,6 +6,7 @@ name comes from the scenario's VCA_LAB_NAME.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -61,3 +62,23 @@ def test_second_check_run_reports_no_changes():
     recap = re.findall(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", out, re.M)
     assert recap, out
     assert all(changed == "0" and unreachable == "0" and failed == "0" for _, changed, unreachable, failed in recap)
+
+
+def test_gemm_bench_runs_on_every_live_node_and_verifies(tmp_path):
+    results = tmp_path / "bench"
+    env = f"VCA_LAB_NAME={LAB} ANSIBLE_CONFIG={PROJECT}/ansible.cfg ANSIBLE_NOCOLOR=1"
+    extra = ('{"vca_bench_sizes": [96], "vca_bench_both_seconds": 2, "vca_bench_tune_budget": 4, '
+             f'"vca_bench_results_dir": "{results}"}}')
+    LOCAL.check_output(f"cd {PROJECT} && {env} ansible-playbook -i inventory/lab playbooks/bench/gemm.yml -e '{extra}'")
+    (run,) = list(results.glob("gemm-*"))
+    records = {p.stem: json.loads(p.read_text()) for p in run.glob("vca-node*.json")}
+    assert sorted(records) == [f"vca-node{n}" for n in LIVE]
+    for host, rec in records.items():
+        for part in (rec["opencl"], rec["cpu"], rec["both"]["opencl"], rec["both"]["cpu"]):
+            assert part.get("failed") is not True, (host, part.get("msg"))
+            record = part["record"]
+            assert record["platform"] == "lab"                     # simulated sysfs: never a hardware figure
+            assert all(r["verification"]["passed"] and r["gflops"] > 0 for r in record["results"])
+        assert "Portable Computing Language" in rec["opencl"]["record"]["device"]["platform"]
+    table = (run / "table.md").read_text()
+    assert "| **combined** |" in table and table.count("| vca-node") == len(LIVE)

@@ -5,7 +5,9 @@
 //   TM, TN      work-group tile of C (rows, columns)
 //   TK          K chunk per step
 //   WPTM, WPTN  outputs per work-item (rows, columns)
-//   VW          vector width along N (1, 2, 4, 8, 16); WPTN % VW == 0
+//   VW          vector width along N (1, 2, 4, 8, 16); WPTN % VW == 0. With
+//               local memory, VW > 1 also switches each work-item to a
+//               contiguous block read from local memory as vectors
 //   LMEM        1: stage A and B chunks in local memory (GPUs)
 //               0: read global memory directly, vectorised along N (CPU OpenCL)
 //   KBARRIER    1: a barrier per K chunk even without local memory, so that
@@ -49,15 +51,24 @@ void sgemm(const int M, const int N, const int K,
     const int m0 = get_group_id(1) * TM;
 
 #if LMEM
-    // Each work-item owns rows m0 + tm + i*RTSM and columns n0 + tn + j*RTSN:
-    // neighbours touch neighbouring addresses, in global and in local memory.
     __local float As[TK][TM];
     __local float Bs[TK][TN];
-    float acc[WPTM][WPTN];
-    for (int i = 0; i < WPTM; i++)
-        for (int j = 0; j < WPTN; j++)
-            acc[i][j] = 0.0f;
     const int tid = tm * RTSN + tn;
+#if VW == 1
+    // Each work-item owns rows m0 + tm + i*RTSM and columns n0 + tn + j*RTSN:
+    // neighbours touch neighbouring addresses, in global and in local memory.
+#define ROW(i) (tm + (i) * RTSM)
+#define COL(j) (tn + (j) * RTSN)
+#else
+    // Each work-item owns a contiguous WPTM x WPTN block and reads its slice
+    // of a chunk as VW-wide vectors: a quarter of the local-memory reads.
+#define ROW(i) (tm * WPTM + (i))
+#define COL(j) (tn * WPTN + (j))
+#endif
+    floatv acc[WPTM][WPTNV];
+    for (int i = 0; i < WPTM; i++)
+        for (int j = 0; j < WPTNV; j++)
+            acc[i][j] = (floatv)(0.0f);
     for (int k0 = 0; k0 < KEND; k0 += TK) {
         for (int e = tid; e < TM * TK; e += RTSM * RTSN) {
             const int r = e / TK, c = e % TK;
@@ -69,20 +80,31 @@ void sgemm(const int M, const int N, const int K,
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int k = 0; k < TK; k++) {
-            float b[WPTN];
+            floatv b[WPTNV];
+#if VW == 1
             for (int j = 0; j < WPTN; j++)
-                b[j] = Bs[k][tn + j * RTSN];
+                b[j] = Bs[k][COL(j)];
+#else
+            for (int j = 0; j < WPTNV; j++)
+                b[j] = VLOAD(COL(j * VW), &Bs[k][0]);
+#endif
             for (int i = 0; i < WPTM; i++) {
-                const float a = As[k][tm + i * RTSM];
-                for (int j = 0; j < WPTN; j++)
+                const floatv a = (floatv)(As[k][ROW(i)]);
+                for (int j = 0; j < WPTNV; j++)
                     acc[i][j] = mad(a, b[j], acc[i][j]);
             }
         }
         barrier(CLK_LOCAL_MEM_FENCE);
     }
+#if VW == 1
     for (int i = 0; i < WPTM; i++)
         for (int j = 0; j < WPTN; j++)
-            C[(m0 + tm + i * RTSM) * N + n0 + tn + j * RTSN] = acc[i][j];
+            C[(m0 + ROW(i)) * N + n0 + COL(j)] = acc[i][j];
+#else
+    for (int i = 0; i < WPTM; i++)
+        for (int j = 0; j < WPTNV; j++)
+            VSTORE(acc[i][j], (m0 + ROW(i)) * N + n0 + COL(j * VW), C);
+#endif
 #else
     // Each work-item owns a WPTM x WPTN block; along N it is read and written
     // as vectors of VW floats, which CPU OpenCL maps onto SIMD registers.
