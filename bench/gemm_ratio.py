@@ -88,8 +88,18 @@ def tune_ours(runner, n, budget, seed):
     return params, score, len(tuner.trials)
 
 
+CLBLAST_TUNED = {}
+
+
 def clblast_tuned(platform_index, device_index, n, workdir):
-    """Run CLBlast's own Xgemm tuner on this device; return its best parameters (or None)."""
+    """Run CLBlast's own Xgemm tuner on this device (once per size); return its best parameters (or None)."""
+    if n in CLBLAST_TUNED:
+        return CLBLAST_TUNED[n]
+    CLBLAST_TUNED[n] = _clblast_tune(platform_index, device_index, n, workdir)
+    return CLBLAST_TUNED[n]
+
+
+def _clblast_tune(platform_index, device_index, n, workdir):
     tuner = "clblast_tuner_xgemm"
     cmd = [tuner, "-platform", str(platform_index), "-device", str(device_index), "-precision", "32",
            "-m", str(n), "-n", str(n), "-k", str(n), "-fraction", os.environ.get("CLBLAST_TUNE_FRACTION", "0.25")]
