@@ -81,10 +81,8 @@ def tune_ours(runner, n, budget, seed):
             return None
         return vca_gemm.gflops(n, n, n, t) if ok else None
 
-    start = {"cpu": dict(TM=32, TN=64, TK=64, WPTM=4, WPTN=16, VW=16, LMEM=0, KBARRIER=1),
-             "gpu": dict(TM=128, TN=128, TK=8, WPTM=8, WPTN=8, VW=1, LMEM=1, KBARRIER=0)}
     tuner = vca_autotune.Tuner(evaluate, limits, n, budget=budget, seed=seed)
-    score, params = tuner.run(start=start["cpu" if runner.is_cpu() else "gpu"])
+    score, params = tuner.run(start=vca_autotune.START_PARAMS["cpu" if runner.is_cpu() else "gpu"])
     return params, score, len(tuner.trials)
 
 

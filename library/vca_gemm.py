@@ -116,7 +116,7 @@ aborted:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.vca_autotune import Tuner, cache_key, load_cache, store_cache
+from ansible.module_utils.vca_autotune import START_PARAMS, Tuner, cache_key, load_cache, store_cache
 from ansible.module_utils.vca_gemm import (
     CPURunner,
     OpenCLRunner,
@@ -130,11 +130,6 @@ from ansible.module_utils.vca_sensors import platform
 from ansible.module_utils.vca_sysfs import Sysfs
 from ansible.module_utils.vca_thermal import ThermalAbort, ThermalGuard
 
-# Starting points when tuning is off and nothing is cached.
-DEFAULT_PARAMS = {
-    "cpu": dict(TM=32, TN=64, TK=64, WPTM=4, WPTN=16, VW=16, LMEM=0, KBARRIER=1),
-    "gpu": dict(TM=128, TN=128, TK=8, WPTM=8, WPTN=8, VW=1, LMEM=1, KBARRIER=0),
-}
 PARAM_KEYS = ("TM", "TN", "TK", "WPTM", "WPTN", "VW", "LMEM", "KBARRIER")
 
 
@@ -162,7 +157,7 @@ def tiling(module, runner, n_max, guard):
     cached = load_cache(p["cache_path"]).get(key)
     if cached:
         return cached["params"], {"source": "cache", "key": key, "gflops_when_tuned": cached.get("gflops")}
-    start = DEFAULT_PARAMS["cpu" if runner.is_cpu() else "gpu"]
+    start = START_PARAMS["cpu" if runner.is_cpu() else "gpu"]
     if not p["tune"]:
         return start, {"source": "default"}
     n = p["tune_size"] or min(n_max, 1024)

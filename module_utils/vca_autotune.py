@@ -28,7 +28,14 @@ SPACE = {
     "LMEM": [0, 1],
     "KBARRIER": [0, 1],
 }
-MAX_OUTPUTS_PER_ITEM = 256   # register pressure: beyond this every device spills
+MAX_OUTPUTS_PER_ITEM = 256
+# Where the search starts, and what runs when tuning is off and nothing is cached:
+# CPU OpenCL wants wide vectors and no local memory; GPUs the 128x128 tile with
+# 8x8 per work-item that measured best on the H200 (0.55x cuBLAS at N=8192).
+START_PARAMS = {
+    "cpu": dict(TM=32, TN=64, TK=64, WPTM=4, WPTN=16, VW=16, LMEM=0, KBARRIER=1),
+    "gpu": dict(TM=128, TN=128, TK=8, WPTM=8, WPTN=8, VW=1, LMEM=1, KBARRIER=0),
+}   # register pressure: beyond this every device spills
 
 
 def valid(p, limits, n):
