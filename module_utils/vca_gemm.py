@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-import os
 import statistics
 import time
 
@@ -230,7 +229,3 @@ def measure(run, result, reference, repetitions, *, warmup=1, guard=None, expect
     if not last["passed"]:
         raise VerificationFailed(last)
     return verification, timing(samples, cpu_s, wall_s, expected_threads)
-
-
-def default_threads():
-    return os.cpu_count() or 1
