@@ -11,6 +11,7 @@ the before/after figure. Every figure is verified against a float64 reference
 
   bench/gemm_ratio.py                        # PoCL, N = 512 1024 2048 4096
   bench/gemm_ratio.py --device NVIDIA --sizes 1024 2048 4096 8192 --json out.json
+  bench/gemm_ratio.py --sweep                # the cliff check: N = 256..4096 step 128
 """
 
 from __future__ import annotations
@@ -158,6 +159,28 @@ def run_numpy(a, b):
     return run, (lambda: out["c"])
 
 
+def sweep(runner, params, seed, reps, *, first=256, last=4096, step=128):
+    """GFLOP/s of one tiling for every N in first..last: a size more than 25% below
+    the mean of its two neighbours is a cliff (the shipped kernel fell to 27 at
+    multiples of 384 on the P580)."""
+    figures = {}
+    for n in range(first, last + 1, step):
+        a, b = vca_gemm.random_operands(n, n, n, seed + n)
+        rows, ref = reference_for(a, b, np.random.default_rng(n))
+        run, result = runner.prepare(a, b, params)
+        t, ok, _ = timed(run, result, rows, ref, reps)
+        figures[n] = vca_gemm.gflops(n, n, n, t) if ok else None
+        print("  N=%5d %8.1f%s" % (n, figures[n] or 0, "" if ok else " FAILED"), flush=True)
+    sizes = sorted(figures)
+    cliffs = []
+    for i in range(1, len(sizes) - 1):
+        around = (figures[sizes[i - 1]] or 0) + (figures[sizes[i + 1]] or 0)
+        if figures[sizes[i]] is None or figures[sizes[i]] < 0.75 * around / 2:
+            cliffs.append(sizes[i])
+    print("cliffs (more than 25%% below the neighbours' mean): %s" % (cliffs or "none"))
+    return figures, cliffs
+
+
 def figure(entry, key):
     return "%8.1f" % entry[key]["gflops"] if entry[key]["gflops"] else "  FAILED"
 
@@ -171,6 +194,7 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-clblast-tune", action="store_true", help="CLBlast with its stock parameters")
     ap.add_argument("--json", help="write every figure here too")
+    ap.add_argument("--sweep", action="store_true", help="tune once at 4096, then check N = 256..4096 for cliffs")
     args = ap.parse_args()
 
     pi, di, device = find_device(args.device)
@@ -179,6 +203,14 @@ def main():
     is_cpu = runner.is_cpu()
     sizes = args.sizes or ([512, 1024, 2048, 4096] if is_cpu else [1024, 2048, 4096, 8192])
     print("device: %(name)s | %(platform)s | driver %(driver)s | %(compute_units)d CUs" % runner.describe())
+    if args.sweep:
+        params, _, trials = tune_ours(runner, 2048 if is_cpu else 4096, args.budget, args.seed)
+        print("tiling after %d trials: %s" % (trials, params))
+        figures, cliffs = sweep(runner, params, args.seed, args.reps)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"device": runner.describe(), "params": params,
+                                                   "sweep": figures, "cliffs": cliffs}, indent=1))
+        return
     rows_out = []
     workdir = tempfile.mkdtemp(prefix="clblast-tune-")
     for n in sizes:
