@@ -129,17 +129,27 @@ class OpenCLRunner(object):
             self._kernels[key] = self.cl.Kernel(program, "sgemm")
         return self._kernels[key]
 
+    def _upload(self, a, b, c_shape):
+        """Device buffers for A, B and C, and a read-back of C cut to (rows, cols)."""
+        cl = self.cl
+        mf = cl.mem_flags
+        abuf = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=a)
+        bbuf = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=b)
+        cbuf = cl.Buffer(self.ctx, mf.WRITE_ONLY, c_shape[0] * c_shape[1] * 4)
+
+        def read_back(rows, cols):
+            out = np.empty(c_shape, dtype=np.float32)
+            cl.enqueue_copy(self.queue, out, cbuf)
+            return out[:rows, :cols]
+
+        return abuf, bbuf, cbuf, read_back
+
     def prepare(self, a, b, params, extra=()):
         """Pad to the tiles, upload, and return a callable that runs once and waits."""
-        cl = self.cl
         m, k = a.shape
         n = b.shape[1]
         mp, np_, kp = round_up(m, params["TM"]), round_up(n, params["TN"]), round_up(k, params["TK"])
-        ap, bp = padded(a, mp, kp), padded(b, kp, np_)
-        mf = cl.mem_flags
-        abuf = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=ap)
-        bbuf = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=bp)
-        cbuf = cl.Buffer(self.ctx, mf.WRITE_ONLY, mp * np_ * 4)
+        abuf, bbuf, cbuf, read_back = self._upload(padded(a, mp, kp), padded(b, kp, np_), (mp, np_))
         kernel = self._kernel(params, extra)
         local = (params["TN"] // params["WPTN"], params["TM"] // params["WPTM"])
         glob = (np_ // params["TN"] * local[0], mp // params["TM"] * local[1])
@@ -148,34 +158,19 @@ class OpenCLRunner(object):
         def run():
             kernel(self.queue, glob, local, *args).wait()
 
-        def result():
-            out = np.empty((mp, np_), dtype=np.float32)
-            cl.enqueue_copy(self.queue, out, cbuf)
-            return out[:m, :n]
-
-        return run, result
+        return run, (lambda: read_back(m, n))
 
     def prepare_shipped(self, a, b):
         """The shipped kernel's way: one element per work-item, local size left to the runtime."""
-        cl = self.cl
         m, k = a.shape
         n = b.shape[1]
-        program = cl.Program(self.ctx, self.shipped_source).build()
-        mf = cl.mem_flags
-        abuf = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(a))
-        bbuf = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(b))
-        cbuf = cl.Buffer(self.ctx, mf.WRITE_ONLY, m * n * 4)
-        kernel = self.cl.Kernel(program, "sgemm_shipped")
+        abuf, bbuf, cbuf, read_back = self._upload(np.ascontiguousarray(a), np.ascontiguousarray(b), (m, n))
+        kernel = self.cl.Kernel(self.cl.Program(self.ctx, self.shipped_source).build(), "sgemm_shipped")
 
         def run():
             kernel(self.queue, (n, m), None, np.int32(m), np.int32(n), np.int32(k), abuf, bbuf, cbuf).wait()
 
-        def result():
-            out = np.empty((m, n), dtype=np.float32)
-            cl.enqueue_copy(self.queue, out, cbuf)
-            return out
-
-        return run, result
+        return run, (lambda: read_back(m, n))
 
 
 class CPURunner(object):

@@ -13,6 +13,14 @@ HWMON = "class/hwmon"
 CPUS = "devices/system/cpu"
 
 
+def coretemp_dirs(sysfs):
+    """(hwmonN, path) of every hwmon whose name is coretemp: matched by name, never by number."""
+    for hw in sysfs.listdir(HWMON):
+        base = "%s/%s" % (HWMON, hw)
+        if sysfs.read_optional(base + "/name") == "coretemp":
+            yield hw, base
+
+
 def coretemp(sysfs):
     """{label: degrees C} from every hwmon whose name is coretemp; hwmonN numbers move across boots.
 
@@ -20,10 +28,7 @@ def coretemp(sysfs):
     hwmon directory as a suffix rather than silently overwriting the first.
     """
     temps = {}
-    for hw in sysfs.listdir(HWMON):
-        base = "%s/%s" % (HWMON, hw)
-        if sysfs.read_optional(base + "/name") != "coretemp":
-            continue
+    for hw, base in coretemp_dirs(sysfs):
         for entry in sysfs.listdir(base):
             if not (entry.startswith("temp") and entry.endswith("_input")):
                 continue
@@ -102,10 +107,7 @@ def throttle_counts(sysfs):
 
 def platform(sysfs):
     """'hardware' only when a real coretemp driver backs the sensors; the lab tree has none."""
-    for hw in sysfs.listdir(HWMON):
-        base = "%s/%s" % (HWMON, hw)
-        if sysfs.read_optional(base + "/name") != "coretemp":
-            continue
+    for _, base in coretemp_dirs(sysfs):
         driver = os.path.join(sysfs.root, base, "device", "driver")
         if os.path.islink(driver) and os.path.basename(os.readlink(driver)) == "coretemp":
             return "hardware"
