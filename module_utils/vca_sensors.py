@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from ansible.module_utils.vca_sysfs import Sysfs
+from .vca_sysfs import Sysfs
 
 POWERCAP = "class/powercap"
 HWMON = "class/hwmon"

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import threading
 
-from ansible.module_utils.vca_sensors import coretemp
-from ansible.module_utils.vca_sysfs import Sysfs
+from .vca_sensors import coretemp
+from .vca_sysfs import Sysfs
 
 DEFAULT_LIMIT_C = 90.0
 

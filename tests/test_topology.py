@@ -40,8 +40,8 @@ def test_card1_is_capped_and_card0_is_stock(inventory):
     _, _, vm, inv = load(inventory)
     card1 = vm.get_vars(host=inv.get_host("vca-node4"))
     card0 = vm.get_vars(host=inv.get_host("vca-node0"))
-    assert (card1["vca_power_cap_pl1_w"], card1["vca_power_cap_pl2_w"]) == (35, 40)
-    assert (card0["vca_power_cap_pl1_w"], card0["vca_power_cap_pl2_w"]) == (None, None)
+    assert (card1["power_cap_pl1_w"], card1["power_cap_pl2_w"]) == (35, 40)
+    assert (card0["power_cap_pl1_w"], card0["power_cap_pl2_w"]) == (None, None)
 
 
 def test_rule():
