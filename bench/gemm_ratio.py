@@ -30,8 +30,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "module_utils"))
-import vca_autotune  # noqa: E402
-import vca_gemm  # noqa: E402
+import vca_autotune
+import vca_gemm
 
 KERNELS = ROOT / "roles" / "probes" / "files"
 SAMPLE_ROWS = 96

@@ -20,6 +20,12 @@ if ! dpkg -s pocl-opencl-icd >/dev/null 2>&1 || ! command -v cc >/dev/null 2>&1;
     apt_install pocl-opencl-icd ocl-icd-libopencl1 gcc libgomp1
 fi
 
+# Headless Chromium: vcamon's page test takes a screenshot of the real charts.
+if ! command -v chromium >/dev/null 2>&1; then
+    echo "bootstrap: installing chromium" >&2
+    apt_install chromium
+fi
+
 if ! command -v dockerd >/dev/null 2>&1; then
     echo "bootstrap: installing docker.io" >&2
     apt_install docker.io

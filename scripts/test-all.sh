@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every check `make test` promises and prints one summary line per step.
-# Steps: yamllint, ansible-lint, ruff, pytest, then each molecule scenario.
+# Steps: yamllint, ansible-lint, ruff, pytest (tests/, then apps/vcamon/tests), then each molecule scenario.
 # With arguments, only those groups run: lint, unit, molecule.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +31,7 @@ for g in $groups; do
         ;;
     unit)
         step pytest pytest -q tests
+        step vcamon-tests pytest -q apps/vcamon/tests
         ;;
     molecule)
         for scenario in $(ls molecule/*/molecule.yml | xargs -n1 dirname | xargs -n1 basename | sort); do

@@ -1,0 +1,215 @@
+"""The agent: a node's (or the host's) sensors in the Prometheus text format.
+
+Everything is read through the same safe sysfs reader as vcafleet's Ansible
+modules (vcamon.hw, links to module_utils/): allow-listed paths only, debugfs
+never walked. A missing sensor is left out of the output (and
+vcamon_sensor_present says so), never reported as 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from .hw.vca_sensors import constraints, coretemp, energy_delta_uj, rapl_package_zone, throttle_counts
+from .hw.vca_sysfs import Sysfs
+from .hw.vcactl import parse_status
+
+LOG = logging.getLogger("vcamon.agent")
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class PowerMeter:
+    """Package watts from successive RAPL energy readings; a counter wrap is not a negative spike."""
+
+    def __init__(self):
+        self.last = None
+        self.watts = None
+
+    def update(self, energy_uj, max_range_uj, t):
+        if self.last is not None and t > self.last[1]:
+            self.watts = energy_delta_uj(self.last[0], energy_uj, max_range_uj) / (t - self.last[1]) / 1e6
+        self.last = (energy_uj, t)
+        return self.watts
+
+
+class Sensors:
+    """One reading of a node: temperatures, package power, limits, throttle counters, vcactl states."""
+
+    def __init__(self, sysfs_root="/sys", vcactl=None, clock=time.monotonic):
+        self.sysfs = Sysfs(sysfs_root)
+        self.vcactl = vcactl
+        self.clock = clock
+        self.meter = PowerMeter()
+        self.lock = threading.Lock()
+
+    def sample_energy(self):
+        """Take one energy reading; the sampler thread calls this every few seconds."""
+        zone = rapl_package_zone(self.sysfs)
+        if zone is None:
+            return None
+        energy = self.sysfs.read_optional(zone + "/energy_uj")
+        top = self.sysfs.read_optional(zone + "/max_energy_range_uj")
+        if energy is None or top is None:
+            return None
+        with self.lock:
+            return self.meter.update(int(energy), int(top), self.clock())
+
+    def vca_states(self):
+        if not self.vcactl:
+            return None
+        try:
+            out = subprocess.run([self.vcactl, "status"], capture_output=True, text=True, timeout=10, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            LOG.warning("vcactl status failed: %s", exc)
+            return None
+        return parse_status(out.stdout)
+
+    def read(self):
+        zone = rapl_package_zone(self.sysfs)
+        limits = constraints(self.sysfs, zone) if zone else {}
+        with self.lock:
+            watts = self.meter.watts
+        return {
+            "temps": coretemp(self.sysfs),
+            "power_w": watts if zone else None,
+            "limits": limits,
+            "rapl_enabled": (self.sysfs.read_optional(zone + "/enabled") == "1") if zone else None,
+            "throttle": throttle_counts(self.sysfs),
+            "vca": self.vca_states(),
+        }
+
+
+def _limit_families(limits):
+    limit = GaugeMetricFamily("vcamon_power_limit_watts", "RAPL limit in force", labels=["constraint"])
+    window = GaugeMetricFamily("vcamon_power_limit_window_seconds", "RAPL time window", labels=["constraint"])
+    for name, c in sorted(limits.items()):
+        if c["power_limit_uw"] is not None:
+            limit.add_metric([name], c["power_limit_uw"] / 1e6)
+        if c["time_window_us"] is not None:
+            window.add_metric([name], c["time_window_us"] / 1e6)
+    return [limit, window]
+
+
+def _throttle_family(throttle):
+    events = CounterMetricFamily("vcamon_throttle_events", "thermal throttle count, one per physical core "
+                                 "and package", labels=["scope", "id"])
+    for core, count in sorted(throttle["core"].items()):
+        events.add_metric(["core", core], count)
+    for pkg, count in sorted(throttle["package"].items()):
+        events.add_metric(["package", pkg], count)
+    return events
+
+
+def _vca_family(records):
+    state = GaugeMetricFamily("vcamon_vca_node_state", "vcactl status per node (1 = in this state)",
+                              labels=["vca_node", "card", "cpu", "state", "state_class"])
+    for r in records:
+        state.add_metric([str(r["node"]), str(r["card"]), str(r["cpu"]), r["state"], r["state_class"]], 1)
+    return state
+
+
+def families(reading, node):
+    """Prometheus metric families for one reading; an absent sensor yields no family."""
+    info = GaugeMetricFamily("vcamon_agent_info", "vcamon agent on this machine", labels=["node"])
+    info.add_metric([node], 1)
+    present = GaugeMetricFamily("vcamon_sensor_present", "1 when the sensor exists here", labels=["sensor"])
+    throttle = reading["throttle"]
+    present.add_metric(["coretemp"], 1 if reading["temps"] else 0)
+    present.add_metric(["rapl"], 1 if reading["limits"] or reading["power_w"] is not None else 0)
+    present.add_metric(["core_throttle"], 1 if throttle["core"] else 0)
+    present.add_metric(["package_throttle"], 1 if throttle["package"] else 0)
+    out = [info, present]
+    if reading["temps"]:
+        temp = GaugeMetricFamily("vcamon_temperature_celsius", "coretemp reading by label", labels=["sensor"])
+        for label, value in sorted(reading["temps"].items()):
+            temp.add_metric([label], value)
+        out.append(temp)
+    if reading["power_w"] is not None:
+        out.append(GaugeMetricFamily("vcamon_package_power_watts", "RAPL package-0 power over the last sample",
+                                     value=reading["power_w"]))
+    if reading["limits"]:
+        out += _limit_families(reading["limits"])
+    if reading["rapl_enabled"] is not None:
+        out.append(GaugeMetricFamily("vcamon_rapl_enabled", "1 when RAPL limits are enabled",
+                                     value=1 if reading["rapl_enabled"] else 0))
+    if throttle["core"] or throttle["package"]:
+        out.append(_throttle_family(throttle))
+    if reading["vca"] is not None:
+        out.append(_vca_family(reading["vca"]))
+    return out
+
+
+class _Collector:
+    def __init__(self, sensors, node):
+        self.sensors = sensors
+        self.node = node
+
+    def collect(self):
+        for family in families(self.sensors.read(), self.node):
+            if family.samples:
+                yield family
+
+
+def exposition(sensors, node):
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(sensors, node))
+    return generate_latest(registry)
+
+
+def start_agent(listen, node, sysfs_root="/sys", vcactl=None, sample_interval=5.0):
+    """The agent's HTTP server (not yet serving) and the event that stops its power sampler."""
+    sensors = Sensors(sysfs_root, vcactl)
+    stop = threading.Event()
+
+    def sampler():
+        while True:
+            try:
+                sensors.sample_energy()
+            except OSError as exc:
+                LOG.warning("energy reading failed: %s", exc)
+            if stop.wait(sample_interval):
+                return
+
+    threading.Thread(target=sampler, name="vcamon-sampler", daemon=True).start()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path.split("?")[0] not in ("/metrics", "/"):
+                self.send_error(404)
+                return
+            try:
+                body = exposition(sensors, node)
+            except Exception as exc:  # one bad read must not kill the agent
+                LOG.exception("reading sensors failed")
+                self.send_error(500, str(exc))
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, fmt, *args):
+            LOG.debug(fmt, *args)
+
+    host, _, port = listen.rpartition(":")
+    server = ThreadingHTTPServer((host or "0.0.0.0", int(port)), Handler)
+    return server, stop
+
+
+def serve(listen, node, sysfs_root="/sys", vcactl=None, sample_interval=5.0):
+    """Run the agent until interrupted."""
+    server, stop = start_agent(listen, node, sysfs_root, vcactl, sample_interval)
+    LOG.info("vcamon agent for %s on %s (sysfs %s)", node, listen, sysfs_root)
+    try:
+        server.serve_forever()
+    finally:
+        stop.set()
+        server.server_close()

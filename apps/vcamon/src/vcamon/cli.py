@@ -1,0 +1,109 @@
+"""vcamon agent | collector | status | events | export."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+
+from . import agent, collector
+from .store import Store
+from .web import parse_span
+
+DEFAULT_DB = os.environ.get("VCAMON_DB", "/var/lib/vcamon/vcamon.db")
+
+
+def _span(text):
+    try:
+        return parse_span(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _when(ts):
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+def _num(value, fmt):
+    return "-" if value is None else fmt % value
+
+
+def status_table(rows, now):
+    head = ("node", "agent", "since", "vcactl", "hottest C", "package W", "PL1/PL2 W", "throttle 24h", "last seen")
+    lines = [head]
+    for r in rows:
+        agent = {True: "up", False: "DOWN", None: "-"}[r["up"]]
+        seen = "%d s ago" % (now - r["last_seen"]) if r["last_seen"] else "never"
+        lines.append((r["node"], agent, _when(r["since"]), r["vca_state"] or "-", _num(r["hottest_c"], "%.1f"),
+                      _num(r["power_w"], "%.1f"), "%s/%s" % (_num(r["pl1_w"], "%g"), _num(r["pl2_w"], "%g")),
+                      str(r["throttle_24h"]), seen))
+    widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+                     for row in lines)
+
+
+def open_store(path):
+    if not os.path.exists(path):
+        sys.exit("vcamon: no database at %s (is vcamon-collector running? --db or VCAMON_DB to point elsewhere)" % path)
+    return Store(path)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="vcamon", description=__doc__)
+    ap.add_argument("-v", "--verbose", action="store_true")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    a = sub.add_parser("agent", help="serve this machine's sensors in the Prometheus text format")
+    a.add_argument("--listen", default="0.0.0.0:9478")
+    a.add_argument("--node", required=True, help="this machine's name (the inventory host)")
+    a.add_argument("--sysfs-root", default="/sys")
+    a.add_argument("--vcactl", help="path of vcactl: on the host, report every node's state")
+    a.add_argument("--sample-interval", type=float, default=5.0, help="seconds between energy readings")
+
+    c = sub.add_parser("collector", help="scrape the agents into SQLite and serve the web page")
+    c.add_argument("--db", default=DEFAULT_DB)
+    c.add_argument("--targets", required=True, help="targets.json: [{node, url, vca_node}]")
+    c.add_argument("--interval", type=float, default=30.0)
+    c.add_argument("--listen", default="0.0.0.0:9480", help="web page address ('' for none)")
+    c.add_argument("--raw-days", type=int, default=14)
+    c.add_argument("--rollup-days", type=int, default=365)
+
+    s = sub.add_parser("status", help="a table of every node now")
+    s.add_argument("--db", default=DEFAULT_DB)
+
+    e = sub.add_parser("events", help="throttle, down/up, cap and vcactl state events")
+    e.add_argument("--db", default=DEFAULT_DB)
+    e.add_argument("--since", type=_span, default=_span("1d"), help="e.g. 30m, 6h, 1d, 2w (default 1d)")
+    e.add_argument("--node")
+
+    x = sub.add_parser("export", help="samples as CSV")
+    x.add_argument("--db", default=DEFAULT_DB)
+    x.add_argument("--csv", action="store_true", required=True, help="CSV on stdout (the only format)")
+    x.add_argument("--since", type=_span, default=_span("1d"))
+    x.add_argument("--node")
+
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    now = int(time.time())
+    if args.command == "agent":
+        agent.serve(args.listen, args.node, args.sysfs_root, args.vcactl, args.sample_interval)
+    elif args.command == "collector":
+        os.makedirs(os.path.dirname(os.path.abspath(args.db)), exist_ok=True)
+        try:
+            collector.run(args.db, args.targets, args.interval, listen=args.listen or None,
+                          raw_days=args.raw_days, rollup_days=args.rollup_days)
+        except (OSError, ValueError) as exc:
+            sys.exit("vcamon collector: %s" % exc)
+    elif args.command == "status":
+        print(status_table(open_store(args.db).status(now), now))
+    elif args.command == "events":
+        for ev in open_store(args.db).events(now - args.since, args.node):
+            extra = {"throttle": "+%s at %s C" % (ev["delta"], _num(ev["temperature_c"], "%.1f")),
+                     "down": ev["detail"] or "", "cap": "%s W" % _num(ev["value"], "%g")}.get(ev["kind"], "")
+            print("%s  %-10s %-8s %-12s %s" % (_when(ev["ts"]), ev["node"], ev["kind"], ev["subject"] or "", extra))
+    elif args.command == "export":
+        open_store(args.db).export_csv(sys.stdout, now - args.since, now, args.node)
+    return 0

@@ -1,0 +1,114 @@
+"""The collector: scrape every agent each interval into the store; keep going when one is down."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from .store import Scrape, Store
+from .web import start_web
+
+LOG = logging.getLogger("vcamon.collector")
+
+
+def load_targets(path):
+    """targets.json: [{"node": "vca-node0", "url": "http://...:9478/metrics", "vca_node": 0}, ...]."""
+    with open(path) as fh:
+        targets = json.load(fh)
+    problems = []
+    if not isinstance(targets, list):
+        raise ValueError("%s: expected a list of targets" % path)
+    for i, t in enumerate(targets):
+        if not isinstance(t, dict) or not t.get("node") or not t.get("url"):
+            problems.append("%s: target %d needs 'node' and 'url'" % (path, i))
+    names = [t.get("node") for t in targets if isinstance(t, dict)]
+    problems += ["%s: node %s listed twice" % (path, n) for n in sorted({n for n in names if names.count(n) > 1})]
+    if problems:
+        raise ValueError("; ".join(problems))
+    return targets
+
+
+def parse(node, text, url=""):
+    """An agent's exposition text into a Scrape (only the metrics vcamon stores)."""
+    s = Scrape(node=node, url=url, ok=True)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name, labels, value = sample.name, sample.labels, sample.value
+            if name == "vcamon_temperature_celsius":
+                s.temps[labels["sensor"]] = value
+            elif name == "vcamon_package_power_watts":
+                s.power_w = value
+            elif name == "vcamon_power_limit_watts":
+                s.limits[labels["constraint"]] = value
+            elif name == "vcamon_throttle_events_total":
+                s.throttle["%s %s" % (labels["scope"], labels["id"])] = int(value)
+            elif name == "vcamon_vca_node_state":
+                s.vca_states[int(labels["vca_node"])] = labels["state"]
+    return s
+
+
+def scrape(target, timeout):
+    start = time.monotonic()
+    try:
+        with urllib.request.urlopen(target["url"], timeout=timeout) as resp:
+            text = resp.read().decode("utf-8")
+        result = parse(target["node"], text, target["url"])
+    except Exception as exc:  # any failure is the node's state for this round, not the collector's end
+        result = Scrape(node=target["node"], url=target["url"], ok=False, error="%s: %s" % (type(exc).__name__, exc))
+    result.duration_ms = round((time.monotonic() - start) * 1000, 1)
+    return result
+
+
+class Collector:
+    def __init__(self, store, targets, interval=30.0, timeout=None, upkeep_every=60.0):
+        self.store = store
+        self.targets = targets
+        self.interval = float(interval)
+        self.timeout = timeout or max(1.0, min(10.0, self.interval * 0.8))
+        self.upkeep_every = upkeep_every
+        self.vca_nodes = {t["vca_node"]: t["node"] for t in targets if t.get("vca_node") is not None}
+        self.pool = ThreadPoolExecutor(max_workers=max(1, min(16, len(targets))))
+        self.stop = threading.Event()
+        self._last_upkeep = 0.0
+
+    def round(self, now=None):
+        now = time.time() if now is None else now
+        results = list(self.pool.map(lambda t: scrape(t, self.timeout), self.targets))
+        self.store.record_round(now, results, self.vca_nodes)
+        if now - self._last_upkeep >= self.upkeep_every:
+            self.store.rollup(now)
+            self.store.prune(now)
+            self._last_upkeep = now
+        return results
+
+    def run(self):
+        LOG.info("collecting %d targets every %.1f s into %s", len(self.targets), self.interval, self.store.path)
+        next_at = time.time()
+        while not self.stop.is_set():
+            try:
+                for r in self.round():
+                    if not r.ok:
+                        LOG.debug("%s down: %s", r.node, r.error)
+            except Exception:
+                LOG.exception("scrape round failed; continuing")
+            next_at += self.interval
+            delay = next_at - time.time()
+            if delay < 0:           # fell behind (a slow disk): skip, do not burst
+                next_at = time.time()
+                delay = 0
+            self.stop.wait(delay)
+
+
+def run(db_path, targets_path, interval, *, listen=None, raw_days=14, rollup_days=365):
+    targets = load_targets(targets_path)
+    store = Store(db_path, raw_days, rollup_days)
+    collector = Collector(store, targets, interval)
+    if listen:
+        start_web(listen, db_path)
+    collector.run()

@@ -1,0 +1,105 @@
+// vcamon page: one temperature and one power chart per node, drawn with uPlot.
+"use strict";
+
+// Temperature lines never use the power chart's blue, orange or purple, so each line is told apart in a screenshot.
+const COLORS = ["#d62728", "#2ca02c", "#8c564b", "#e377c2", "#bcbd22", "#7f7f7f", "#17becf", "#000000"];
+
+function query() {
+  const p = new URLSearchParams(location.search);
+  const form = document.getElementById("range");
+  if (p.get("range")) form.range.value = p.get("range");
+  return p;
+}
+
+function fmt(v, digits) { return v === null || v === undefined ? "–" : Number(v).toFixed(digits); }
+
+function statusTable(nodes, now) {
+  const rows = nodes.map(n => `<tr><td>${n.node}</td>
+    <td class="${n.up ? "" : "down"}">${n.up ? "up" : "down"}</td><td>${n.vca_state || "–"}</td>
+    <td>${fmt(n.hottest_c, 1)}</td><td>${fmt(n.power_w, 1)}</td><td>${fmt(n.pl1_w, 0)}/${fmt(n.pl2_w, 0)}</td>
+    <td>${n.throttle_24h}</td><td>${n.last_seen ? (now - n.last_seen) + " s ago" : "never"}</td></tr>`);
+  document.getElementById("status").innerHTML =
+    "<tr><th>node</th><th>agent</th><th>vcactl</th><th>hottest °C</th><th>package W</th><th>PL1/PL2 W</th>" +
+    "<th>throttle 24 h</th><th>last seen</th></tr>" + rows.join("");
+}
+
+// Throttle events as red vertical lines, down periods starting with grey ones.
+function eventMarks(events) {
+  return u => {
+    const ctx = u.ctx, top = u.bbox.top, h = u.bbox.height;
+    ctx.save();
+    for (const e of events) {
+      if (e.kind !== "throttle" && e.kind !== "down") continue;
+      const x = Math.round(u.valToPos(e.ts, "x", true));
+      if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
+      ctx.strokeStyle = e.kind === "throttle" ? "rgba(214,39,40,0.8)" : "rgba(120,120,120,0.8)";
+      ctx.lineWidth = e.kind === "throttle" ? 2 : 3;
+      ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, top + h); ctx.stroke();
+    }
+    ctx.restore();
+  };
+}
+
+function chart(el, title, unit, t, series, events) {
+  const opts = {
+    title, width: 560, height: 220,
+    scales: { x: { time: true } },
+    axes: [{}, { label: unit }],
+    series: [{}].concat(series.map(s => Object.assign({ width: 1.5, spanGaps: false }, s.opts))),
+    hooks: { draw: [eventMarks(events)] },
+  };
+  return new uPlot(opts, [t].concat(series.map(s => s.data)), el);
+}
+
+async function nodeCharts(main, node, span) {
+  const box = document.createElement("section");
+  box.className = "node";
+  box.innerHTML = `<h2>${node}</h2>`;
+  main.appendChild(box);
+  const params = new URLSearchParams({ node });
+  if (span.from) { params.set("from", span.from); params.set("to", span.to); } else { params.set("range", span.range); }
+  const data = await (await fetch("/api/chart?" + params)).json();
+  if (!data.t || data.t.length === 0) {
+    box.insertAdjacentHTML("beforeend", `<p class="empty">no samples in this range</p>`);
+    return 0;
+  }
+  const temps = Object.keys(data.temps).map((label, i) => ({
+    data: data.temps[label], opts: { label, stroke: COLORS[i % COLORS.length] } }));
+  chart(box, `${node} temperature (${data.resolution})`, "°C", data.t, temps, data.events);
+  const power = [
+    { data: data.power, opts: { label: "package W", stroke: "#1f77b4", fill: "rgba(31,119,180,0.1)" } },
+    { data: data.pl1, opts: { label: "PL1", stroke: "#ff7f0e", dash: [6, 4] } },
+    { data: data.pl2, opts: { label: "PL2", stroke: "#9467bd", dash: [2, 4] } },
+  ];
+  chart(box, `${node} power (${data.resolution})`, "W", data.t, power, data.events);
+  return data.t.length;
+}
+
+async function main() {
+  const p = query();
+  const span = { range: p.get("range") || "1h" };
+  if (p.get("from")) {
+    span.from = Math.floor(new Date(p.get("from")).getTime() / 1000);
+    span.to = p.get("to") ? Math.floor(new Date(p.get("to")).getTime() / 1000) : Math.floor(Date.now() / 1000);
+  }
+  const status = await (await fetch("/api/nodes")).json();
+  statusTable(status.nodes, status.now);
+  const charts = document.getElementById("charts");
+  let points = 0;
+  for (const n of status.nodes) points += await nodeCharts(charts, n.node, span);
+  document.body.dataset.points = points;
+  document.body.dataset.ready = "1";
+}
+
+document.getElementById("range").addEventListener("submit", ev => {
+  ev.preventDefault();
+  const f = ev.target, p = new URLSearchParams();
+  if (f.from.value) { p.set("from", f.from.value); if (f.to.value) p.set("to", f.to.value); }
+  else p.set("range", f.range.value);
+  location.search = p.toString();
+});
+
+main().catch(err => {
+  document.body.dataset.error = String(err);
+  document.getElementById("charts").textContent = "failed: " + err;
+});

@@ -1,0 +1,88 @@
+"""The agent's readers and exposition: wrap-around, absent sensors, duplicate labels, vcactl."""
+
+from __future__ import annotations
+
+import shutil
+import urllib.request
+
+from vcamon.agent import PowerMeter, Sensors, exposition
+from vcamon.collector import parse
+
+
+def metrics(tree, **kw):
+    return exposition(Sensors(str(tree.root), **kw), "vca-node0").decode()
+
+
+def test_power_across_a_counter_wrap_is_positive():
+    meter = PowerMeter()
+    top = 262143328850
+    meter.update(top - 10_000_000, top, 100.0)           # 10 J before the wrap
+    watts = meter.update(30_000_000, top, 101.0)         # 40 J later, counter wrapped
+    assert round(watts, 6) == 40.0
+
+
+def test_first_reading_gives_no_power_and_the_metric_is_absent(node_tree):
+    text = metrics(node_tree)
+    assert "vcamon_package_power_watts" not in text      # no delta yet: absent, not 0
+    assert 'vcamon_power_limit_watts{constraint="long_term"} 45.0' in text
+
+
+def test_power_from_two_readings(node_tree):
+    clock = iter([10.0, 12.0])
+    sensors = Sensors(str(node_tree.root), clock=lambda: next(clock))
+    sensors.sample_energy()
+    (node_tree.rapl / "energy_uj").write_text("50000000\n")    # 50 J in 2 s
+    assert sensors.sample_energy() == 25.0
+    assert "vcamon_package_power_watts 25.0" in exposition(sensors, "n").decode()
+
+
+def test_missing_package_throttle_counter_is_absent(node_tree):
+    for f in node_tree.root.glob("devices/system/cpu/cpu*/thermal_throttle/package_throttle_count"):
+        f.unlink()
+    text = metrics(node_tree)
+    assert 'vcamon_sensor_present{sensor="package_throttle"} 0.0' in text
+    assert 'scope="package"' not in text
+    scrape = parse("vca-node0", text)
+    assert scrape.throttle and all(k.startswith("core ") for k in scrape.throttle)
+
+
+def test_throttle_counters_are_one_per_physical_core(node_tree):
+    # Hyper-thread siblings (cpu0 and cpu4 are core 0) share one counter.
+    (node_tree.root / "devices/system/cpu/cpu0/thermal_throttle/core_throttle_count").write_text("7\n")
+    (node_tree.root / "devices/system/cpu/cpu4/thermal_throttle/core_throttle_count").write_text("7\n")
+    scrape = parse("n", metrics(node_tree))
+    assert scrape.throttle["core 0:0"] == 7
+    assert len([k for k in scrape.throttle if k.startswith("core")]) == 4
+
+
+def test_duplicate_hwmon_labels_are_both_kept(node_tree):
+    shutil.copytree(node_tree.coretemp, node_tree.root / "class/hwmon/hwmon2")
+    (node_tree.root / "class/hwmon/hwmon2/temp2_input").write_text("77000\n")
+    temps = parse("n", metrics(node_tree)).temps
+    assert temps["Core 0"] == 35.0 and temps["Core 0 (hwmon2)"] == 77.0
+
+
+def test_no_sensors_at_all_means_absent_metrics(tmp_path):
+    (tmp_path / "class/hwmon").mkdir(parents=True)
+    sensors = Sensors(str(tmp_path))
+    sensors.sample_energy()
+    text = exposition(sensors, "n").decode()
+    assert 'vcamon_sensor_present{sensor="coretemp"} 0.0' in text
+    assert "vcamon_temperature_celsius" not in text and "vcamon_power_limit_watts" not in text
+
+
+def test_vcactl_states_on_the_host(node_tree, tmp_path):
+    fake = tmp_path / "vcactl"
+    fake.write_text("#!/bin/sh\n"
+                    "printf 'Card: 0 Cpu: 0  STATE: net_device_ready\\nCard: 1 Cpu: 0  STATE: link_down\\n'\n")
+    fake.chmod(0o755)
+    scrape = parse("host", metrics(node_tree, vcactl=str(fake)))
+    assert scrape.vca_states == {0: "net_device_ready", 3: "link_down"}
+
+
+def test_agent_serves_over_http(agent):
+    with urllib.request.urlopen(agent) as resp:
+        assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = resp.read().decode()
+    assert 'vcamon_agent_info{node="vca-node0"} 1.0' in text
+    assert 'vcamon_temperature_celsius{sensor="Package id 0"}' in text

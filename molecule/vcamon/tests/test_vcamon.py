@@ -1,0 +1,77 @@
+"""vcamon on the small lab: rows from every live node, down rows for node 3, status, page.
+
+The lab's host is addressed as docker://<lab>-host (the lab name from VCA_LAB_NAME).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+import testinfra
+
+LAB = os.environ.get("VCA_LAB_NAME", "vcamolmon")
+
+
+@pytest.fixture(scope="module")
+def host():
+    return testinfra.get_host(f"docker://{LAB}-host")
+
+
+DB = "/var/lib/vcamon/vcamon.db"
+LIVE = {"host", "vca-node0", "vca-node4"}
+
+
+def sql(host, query):
+    script = "import json, sqlite3; print(json.dumps(sqlite3.connect(%r).execute(%r).fetchall()))" % (DB, query)
+    return json.loads(host.check_output("python3 -c %s" % json.dumps(script)))
+
+
+@pytest.fixture(scope="module")
+def collected(host):
+    """Wait for at least four scrape rounds (3 s apart) after the converge."""
+    for _ in range(40):
+        rounds = sql(host, "SELECT count(DISTINCT ts) FROM scrapes") if host.file(DB).exists else [[0]]
+        if rounds[0][0] >= 4:
+            return
+        time.sleep(1)
+    pytest.fail("the collector stored fewer than 4 rounds in 40 s")
+
+
+def test_services_enabled_and_running(host):
+    for unit in ("vcamon-agent.service", "vcamon-collector.service"):
+        assert host.service(unit).is_enabled and host.service(unit).is_running
+
+
+def test_rows_from_every_live_node(host, collected):
+    up = dict(sql(host, "SELECT node, sum(up) FROM scrapes GROUP BY node"))
+    assert {n for n, count in up.items() if count >= 3} == LIVE
+    nodes_with_temps = {n for (n,) in sql(host, "SELECT DISTINCT s.node FROM samples v JOIN series s "
+                                                 "ON s.id = v.series_id WHERE s.metric = 'temp'")}
+    assert nodes_with_temps == {"vca-node0", "vca-node4"}     # the lab host has no simulated sensors
+    caps = dict(sql(host, "SELECT node, watts FROM caps WHERE constraint_name = 'long_term'"))
+    assert caps["vca-node0"] == 45.0
+
+
+def test_down_rows_and_event_for_dead_node3(host, collected):
+    rows = sql(host, "SELECT up, error FROM scrapes WHERE node = 'vca-node3'")
+    assert len(rows) >= 3 and all(up == 0 and err for up, err in rows)
+    assert sql(host, "SELECT count(*) FROM events WHERE node = 'vca-node3' AND kind = 'down'") == [[1]]
+
+
+def test_status_command(host, collected):
+    out = host.check_output("vcamon status")
+    lines = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert set(lines) == LIVE | {"vca-node3"}
+    assert "DOWN" in lines["vca-node3"] and "link_down" in lines["vca-node3"]
+    assert " up " in lines["vca-node0"] and "net_device_ready" in lines["vca-node0"]
+
+
+def test_page_and_chart_api(host, collected):
+    page = host.check_output("python3 -c 'import urllib.request as u; print(u.urlopen(\"http://127.0.0.1:9480/\").read().decode())'")
+    assert "/static/vendor/uPlot.iife.min.js" in page
+    chart = json.loads(host.check_output(
+        "python3 -c 'import urllib.request as u; print(u.urlopen(\"http://127.0.0.1:9480/api/chart?node=vca-node4&range=1h\").read().decode())'"))
+    assert len(chart["t"]) >= 3 and chart["temps"]
