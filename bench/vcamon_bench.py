@@ -125,13 +125,13 @@ def measured_days(tmp, days=3):
 
 
 def year_file(tmp, raw_days=14, rollup_days=365):
-    """A year for 6 nodes + host: rollups and raw rows as the real write path shapes them, bulk-inserted."""
+    """A year for 6 nodes + host, all answering: rollups and raw rows shaped as the real ones, bulk-inserted."""
     path = str(Path(tmp) / "year.db")
     store = Store(path)
     rng = random.Random(2)
     now = 1_800_000_000 // ROLLUP_S * ROLLUP_S
-    ids = [store.series_id(m, "temp", label) for m in NODES if m != "vca-node3" for label in LABELS]
-    ids += [store.series_id(m, "power") for m in NODES if m != "vca-node3"]
+    ids = [store.series_id(m, "temp", label) for m in MACHINES for label in LABELS]
+    ids += [store.series_id(m, "power") for m in MACHINES]
     db = store.db
     db.execute("BEGIN")
     for sid in ids:
@@ -143,7 +143,7 @@ def year_file(tmp, raw_days=14, rollup_days=365):
         raw = [(sid, now - raw_days * DAY_S + 30 * k, round(30 + 40 * rng.random(), 3))
                for k in range(raw_days * DAY_S // 30)]
         db.executemany("INSERT INTO samples VALUES (?, ?, ?)", raw)
-    scrapes = [(m, now - raw_days * DAY_S + 30 * k, int(m != "vca-node3"), 3.0, None)
+    scrapes = [(m, now - raw_days * DAY_S + 30 * k, 1, 3.0, None)
                for m in MACHINES for k in range(raw_days * DAY_S // 30)]
     db.executemany("INSERT INTO scrapes VALUES (?, ?, ?, ?, ?)", scrapes)
     db.execute("COMMIT")

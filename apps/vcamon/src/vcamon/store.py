@@ -325,18 +325,31 @@ class Store:
                 rows += 1
         return rows
 
-    def chart(self, node, start, end, raw_limit_s=2 * DAY_S):
-        """Aligned series for one node's charts: raw up to two days, 5-minute means beyond."""
+    def chart(self, node, start, end, max_points=720):
+        """Aligned series for one node's charts, at most about max_points per series.
+
+        Raw samples while they fit (6 hours at 30 s); beyond that the 5-minute
+        rollups, merged into wider buckets in SQL when the range needs it
+        (weighted mean; a chart is a few hundred pixels wide).
+        """
         start, end = int(start), int(end)
-        resolution = "raw" if end - start <= raw_limit_s else "5m"
-        if resolution == "raw":
+        span = max(1, end - start)
+        raw_step = 30
+        step = 1
+        if span <= max_points * raw_step:
+            resolution = "raw"
             sql = ("SELECT s.metric, s.label, v.ts, v.value FROM samples v JOIN series s ON s.id = v.series_id "
                    "WHERE s.node = ? AND v.ts BETWEEN ? AND ? ORDER BY v.ts")
+            args = (node, start, end)
         else:
-            sql = ("SELECT s.metric, s.label, v.ts, v.mean FROM rollups v JOIN series s ON s.id = v.series_id "
-                   "WHERE s.node = ? AND v.ts BETWEEN ? AND ? ORDER BY v.ts")
+            step = -(-span // (max_points * ROLLUP_S)) * ROLLUP_S
+            resolution = "%dm" % (step // 60)
+            sql = ("SELECT s.metric, s.label, v.ts / ? * ?, sum(v.mean * v.n) / sum(v.n) FROM rollups v "
+                   "JOIN series s ON s.id = v.series_id WHERE s.node = ? AND v.ts BETWEEN ? AND ? "
+                   "GROUP BY v.series_id, v.ts / ? ORDER BY 3")
+            args = (step, step, node, start, end, step)
         by_ts, labels = {}, set()
-        for metric, label, ts, value in self.db.execute(sql, (node, start, end)):
+        for metric, label, ts, value in self.db.execute(sql, args):
             key = "power" if metric == "power" else label
             labels.add(key)
             by_ts.setdefault(ts, {})[key] = round(value, 2)
@@ -350,7 +363,7 @@ class Store:
             steps = [(ts, w) for ts, n, w in caps if n == name]
             line, i, current = [], 0, None
             for t in times:
-                while i < len(steps) and steps[i][0] <= t:
+                while i < len(steps) and steps[i][0] < t + step:   # the cap in force during the bucket
                     current = steps[i][1]
                     i += 1
                 line.append(current)
