@@ -195,6 +195,7 @@ def main():
     ap.add_argument("--no-clblast-tune", action="store_true", help="CLBlast with its stock parameters")
     ap.add_argument("--json", help="write every figure here too")
     ap.add_argument("--sweep", action="store_true", help="tune once at 4096, then check N = 256..4096 for cliffs")
+    ap.add_argument("--params", type=json.loads, help='a fixed tiling instead of tuning, e.g. \'{"TM": 128, ...}\'')
     args = ap.parse_args()
 
     pi, di, device = find_device(args.device)
@@ -204,7 +205,10 @@ def main():
     sizes = args.sizes or ([512, 1024, 2048, 4096] if is_cpu else [1024, 2048, 4096, 8192])
     print("device: %(name)s | %(platform)s | driver %(driver)s | %(compute_units)d CUs" % runner.describe())
     if args.sweep:
-        params, _, trials = tune_ours(runner, 2048 if is_cpu else 4096, args.budget, args.seed)
+        if args.params:
+            params, trials = args.params, 0
+        else:
+            params, _, trials = tune_ours(runner, 2048 if is_cpu else 4096, args.budget, args.seed)
         print("tiling after %d trials: %s" % (trials, params))
         figures, cliffs = sweep(runner, params, args.seed, args.reps)
         if args.json:
@@ -217,7 +221,10 @@ def main():
         a, b = vca_gemm.random_operands(n, n, n, args.seed + n)
         rows, ref = reference_for(a, b, np.random.default_rng(n))
         entry = {"n": n}
-        params, _, trials = tune_ours(runner, min(n, 2048 if is_cpu else 4096), args.budget, args.seed)
+        if args.params:
+            params, trials = args.params, 0
+        else:
+            params, _, trials = tune_ours(runner, min(n, 2048 if is_cpu else 4096), args.budget, args.seed)
         entry["ours_params"], entry["ours_trials"] = params, trials
         contenders = {"ours": runner.prepare(a, b, params)}
         if n <= 4096:

@@ -45,7 +45,7 @@ options:
     choices: [tuned, shipped]
     default: tuned
   params:
-    description: Explicit tiling macros (TM, TN, TK, WPTM, WPTN, VW, LMEM, KBARRIER); skips tuning.
+    description: Explicit tiling macros (TM, TN, TK, WPTM, WPTN, VW, LMEM, KBARRIER, and optionally PF); skips tuning.
     type: dict
   tune:
     description: Search the tiling space when the cache has no winner for this device and size class.
@@ -131,6 +131,7 @@ from ansible.module_utils.vca_sysfs import Sysfs
 from ansible.module_utils.vca_thermal import ThermalAbort, ThermalGuard
 
 PARAM_KEYS = ("TM", "TN", "TK", "WPTM", "WPTN", "VW", "LMEM", "KBARRIER")
+OPTIONAL_PARAM_KEYS = ("PF",)   # the kernel defaults it to 0
 
 
 def pick_device(module, want):
@@ -149,9 +150,11 @@ def tiling(module, runner, n_max, guard):
     p = module.params
     if p["params"]:
         missing = [k for k in PARAM_KEYS if k not in p["params"]]
-        if missing:
-            module.fail_json(msg="params lacks %s" % ", ".join(missing))
-        return dict((k, int(p["params"][k])) for k in PARAM_KEYS), {"source": "given"}
+        unknown = sorted(set(p["params"]) - set(PARAM_KEYS) - set(OPTIONAL_PARAM_KEYS))
+        if missing or unknown:
+            module.fail_json(msg="; ".join(["params lacks %s" % ", ".join(missing)] * bool(missing)
+                                           + ["params has unknown %s" % ", ".join(unknown)] * bool(unknown)))
+        return dict((k, int(v)) for k, v in p["params"].items()), {"source": "given"}
     device = runner.describe()
     key = cache_key(device, n_max)
     cached = load_cache(p["cache_path"]).get(key)

@@ -18,6 +18,8 @@ from vcasim.model import NodeModel
 PROBES = ROOT / "roles" / "probes" / "files"
 SMALL_CPU = dict(TM=16, TN=32, TK=16, WPTM=4, WPTN=8, VW=8, LMEM=0, KBARRIER=1)
 SMALL_LMEM = dict(TM=16, TN=16, TK=8, WPTM=2, WPTN=2, VW=1, LMEM=1, KBARRIER=0)
+# Register prefetch, with a B chunk (128 floats) that 48 work-items do not divide evenly.
+SMALL_PREFETCH = dict(TM=24, TN=16, TK=8, WPTM=4, WPTN=2, VW=1, LMEM=1, KBARRIER=0, PF=1)
 
 pyopencl = pytest.importorskip("pyopencl")
 
@@ -29,7 +31,8 @@ def opencl_args(tmp_path, **kw):
     return args
 
 
-@pytest.mark.parametrize("params", [SMALL_CPU, SMALL_LMEM], ids=["vector", "local-memory"])
+@pytest.mark.parametrize("params", [SMALL_CPU, SMALL_LMEM, SMALL_PREFETCH],
+                         ids=["vector", "local-memory", "prefetch"])
 def test_tiled_kernel_reports_a_verified_figure(tmp_path, capsys, params):
     result = run_module("vca_gemm", opencl_args(tmp_path, params=params, sizes=[96, 100]), capsys)
     assert result.get("failed") is not True, result.get("msg")
@@ -153,7 +156,7 @@ LIMITS = {"max_work_group_size": 256, "local_mem_bytes": 32768}
 
 
 def test_tuner_prunes_and_finds_the_rare_good_setting():
-    best = dict(TM=64, TN=64, TK=32, WPTM=8, WPTN=16, VW=8, LMEM=0, KBARRIER=1)
+    best = dict(TM=64, TN=64, TK=32, WPTM=8, WPTN=16, VW=8, LMEM=0, KBARRIER=1, PF=0)
     evaluated = []
 
     def evaluate(p):
@@ -181,3 +184,10 @@ def test_local_memory_limit_prunes():
     p = dict(TM=128, TN=128, TK=64, WPTM=8, WPTN=8, VW=1, LMEM=1, KBARRIER=0)
     assert not valid(p, LIMITS, 4096)                       # 64 KiB of local memory
     assert valid(dict(p, TK=16), LIMITS, 4096)
+
+
+def test_params_with_an_unknown_or_missing_macro_are_refused(tmp_path, capsys):
+    bad = dict(SMALL_CPU, TILE=4)
+    del bad["VW"]
+    result = run_module("vca_gemm", opencl_args(tmp_path, params=bad), capsys)
+    assert result["failed"] and "params lacks VW" in result["msg"] and "params has unknown TILE" in result["msg"]

@@ -13,10 +13,15 @@
 //   KBARRIER    1: a barrier per K chunk even without local memory, so that
 //               PoCL runs every work-item of the group over one chunk before
 //               the next, while that chunk of B is still in cache
+//   PF          with LMEM: 1 loads the next K chunk from global memory into
+//               registers while the current one is multiplied (latency hiding)
 // The host pads: M % TM == 0, N % TN == 0, K % TK == 0.
 // SKIP_LAST_K_TILE (tests only) drops the last K chunk: a deliberately
 // wrong kernel that a random-data check must reject.
 
+#ifndef PF
+#define PF 0
+#endif
 #define RTSM (TM / WPTM)   // work-items along M
 #define RTSN (TN / WPTN)   // work-items along N
 #define WPTNV (WPTN / VW)  // vectors per work-item along N
@@ -51,9 +56,27 @@ void sgemm(const int M, const int N, const int K,
     const int m0 = get_group_id(1) * TM;
 
 #if LMEM
-    __local float As[TK][TM];
+    // As is stored transposed; one float of padding per row keeps the
+    // work-items that store one row of A off a single local-memory bank.
+    __local float As[TK][TM + 1];
     __local float Bs[TK][TN];
     const int tid = tm * RTSN + tn;
+#define NT (RTSM * RTSN)
+#if PF
+#define LA ((TM * TK + NT - 1) / NT)
+#define LB ((TK * TN + NT - 1) / NT)
+    float ra[LA], rb[LB];
+#define FETCH(k0)                                                          \
+    for (int l = 0; l < LA; l++) {                                         \
+        const int e = tid + l * NT;                                        \
+        if (e < TM * TK) ra[l] = A[(m0 + e / TK) * K + (k0) + e % TK];     \
+    }                                                                      \
+    for (int l = 0; l < LB; l++) {                                         \
+        const int e = tid + l * NT;                                        \
+        if (e < TK * TN) rb[l] = B[((k0) + e / TN) * N + n0 + e % TN];     \
+    }
+    FETCH(0)
+#endif
 #if VW == 1
     // Each work-item owns rows m0 + tm + i*RTSM and columns n0 + tn + j*RTSN:
     // neighbours touch neighbouring addresses, in global and in local memory.
@@ -70,15 +93,30 @@ void sgemm(const int M, const int N, const int K,
         for (int j = 0; j < WPTNV; j++)
             acc[i][j] = (floatv)(0.0f);
     for (int k0 = 0; k0 < KEND; k0 += TK) {
-        for (int e = tid; e < TM * TK; e += RTSM * RTSN) {
+#if PF
+        for (int l = 0; l < LA; l++) {
+            const int e = tid + l * NT;
+            if (e < TM * TK) As[e % TK][e / TK] = ra[l];
+        }
+        for (int l = 0; l < LB; l++) {
+            const int e = tid + l * NT;
+            if (e < TK * TN) Bs[e / TN][e % TN] = rb[l];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (k0 + TK < KEND) {
+            FETCH(k0 + TK)
+        }
+#else
+        for (int e = tid; e < TM * TK; e += NT) {
             const int r = e / TK, c = e % TK;
             As[c][r] = A[(m0 + r) * K + k0 + c];
         }
-        for (int e = tid; e < TK * TN; e += RTSM * RTSN) {
+        for (int e = tid; e < TK * TN; e += NT) {
             const int r = e / TN, c = e % TN;
             Bs[r][c] = B[(k0 + r) * N + n0 + c];
         }
         barrier(CLK_LOCAL_MEM_FENCE);
+#endif
         for (int k = 0; k < TK; k++) {
             floatv b[WPTNV];
 #if VW == 1
