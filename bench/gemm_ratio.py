@@ -185,7 +185,7 @@ def figure(entry, key):
     return "%8.1f" % entry[key]["gflops"] if entry[key]["gflops"] else "  FAILED"
 
 
-def main():
+def parse_args():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="Portable Computing Language", help="OpenCL device (name substring)")
     ap.add_argument("--sizes", type=int, nargs="+")
@@ -196,7 +196,11 @@ def main():
     ap.add_argument("--json", help="write every figure here too")
     ap.add_argument("--sweep", action="store_true", help="tune once at 4096, then check N = 256..4096 for cliffs")
     ap.add_argument("--params", type=json.loads, help='a fixed tiling instead of tuning, e.g. \'{"TM": 128, ...}\'')
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main():
+    args = parse_args()
 
     pi, di, device = find_device(args.device)
     runner = vca_gemm.OpenCLRunner(device, (KERNELS / "sgemm.cl").read_text(),

@@ -45,7 +45,7 @@ options:
     choices: [tuned, shipped]
     default: tuned
   params:
-    description: Explicit tiling macros (TM, TN, TK, WPTM, WPTN, VW, LMEM, KBARRIER, and optionally PF); skips tuning.
+    description: Explicit tiling macros (TM, TN, TK, WPTM, WPTN, VW, LMEM, KBARRIER; optionally PF, PACK); no tuning.
     type: dict
   tune:
     description: Search the tiling space when the cache has no winner for this device and size class.
@@ -131,7 +131,7 @@ from ansible.module_utils.vca_sysfs import Sysfs
 from ansible.module_utils.vca_thermal import ThermalAbort, ThermalGuard
 
 PARAM_KEYS = ("TM", "TN", "TK", "WPTM", "WPTN", "VW", "LMEM", "KBARRIER")
-OPTIONAL_PARAM_KEYS = ("PF",)   # the kernel defaults it to 0
+OPTIONAL_PARAM_KEYS = ("PF", "PACK")   # the kernel defaults them to 0
 
 
 def pick_device(module, want):

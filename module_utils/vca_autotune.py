@@ -28,6 +28,7 @@ SPACE = {
     "LMEM": [0, 1],
     "KBARRIER": [0, 1],
     "PF": [0, 1],
+    "PACK": [0, 1],
 }
 MAX_OUTPUTS_PER_ITEM = 256
 # Where the search starts, and what runs when tuning is off and nothing is cached:
@@ -53,6 +54,7 @@ def valid(p, limits, n):
         # the local-memory path always synchronises; both chunks (A's padded) must fit
         rules.append(not p["KBARRIER"])
         rules.append(4 * p["TK"] * (p["TM"] + 1 + p["TN"]) <= limits["local_mem_bytes"])
+        rules.append(not p.get("PACK", 0))  # packed panels only exist on the direct path
     else:
         rules.append(not p.get("PF", 0))   # register prefetch only exists on the local-memory path
     return all(rules)
@@ -99,14 +101,19 @@ class Tuner(object):
         raise ValueError("no valid tiling for this device and size")
 
     def _neighbours(self, p):
+        """For each macro, the nearest valid value on either side: with tiles like 40 and 48
+        in the space, the next value up is often invalid (WPTM 6 does not divide TM 64)."""
         for key, values in self.space.items():
             i = values.index(p[key])
-            for j in (i - 1, i + 1):
-                if 0 <= j < len(values):
+            for step in (-1, 1):
+                j = i + step
+                while 0 <= j < len(values):
                     q = dict(p)
                     q[key] = values[j]
                     if valid(q, self.limits, self.n):
                         yield q
+                        break
+                    j += step
 
     def best(self):
         scored = [(s, dict(k)) for k, s in self.trials if s is not None]
@@ -115,7 +122,8 @@ class Tuner(object):
     def run(self, start=None):
         sample = max(1, int(self.budget * 0.6))
         if start is not None:
-            self._try(start)
+            # a start (or a cached winner) from before a macro existed: that macro's first value, its default
+            self._try(dict((k, start.get(k, v[0])) for k, v in self.space.items()))
         while len(self.trials) < sample:
             self._try(self._random())
         improved = True

@@ -120,14 +120,13 @@ class OpenCLRunner(object):
     def is_cpu(self):
         return bool(self.device.type & self.cl.device_type.CPU)
 
-    def _kernel(self, params, extra=()):
-        """The sgemm kernel built for these macros, built once per runner."""
+    def _kernel(self, params, extra=(), name="sgemm"):
+        """A kernel of the program built for these macros; each program is built once per runner."""
         key = (tuple(sorted(params.items())), tuple(extra))
         if key not in self._kernels:
             opts = ["-D%s=%d" % (k, v) for k, v in sorted(params.items())] + list(extra)
-            program = self.cl.Program(self.ctx, self.source).build(options=" ".join(opts))
-            self._kernels[key] = self.cl.Kernel(program, "sgemm")
-        return self._kernels[key]
+            self._kernels[key] = self.cl.Program(self.ctx, self.source).build(options=" ".join(opts))
+        return self.cl.Kernel(self._kernels[key], name)
 
     def _upload(self, a, b, c_shape):
         """Device buffers for A, B and C, and a read-back of C cut to (rows, cols)."""
@@ -153,9 +152,21 @@ class OpenCLRunner(object):
         kernel = self._kernel(params, extra)
         local = (params["TN"] // params["WPTN"], params["TM"] // params["WPTM"])
         glob = (np_ // params["TN"] * local[0], mp // params["TM"] * local[1])
+        steps = []
+        if params.get("PACK") and not params["LMEM"]:
+            mf = self.cl.mem_flags
+            apbuf = self.cl.Buffer(self.ctx, mf.READ_WRITE, mp * kp * 4)
+            bpbuf = self.cl.Buffer(self.ctx, mf.READ_WRITE, kp * np_ * 4)
+            steps.append((self._kernel(params, extra, "pack_a"), (kp, mp // params["WPTM"]),
+                          (np.int32(mp), np.int32(kp), abuf, apbuf)))
+            steps.append((self._kernel(params, extra, "pack_b"), (kp, np_ // params["WPTN"]),
+                          (np.int32(kp), np.int32(np_), bbuf, bpbuf)))
+            abuf, bbuf = apbuf, bpbuf
         args = (np.int32(mp), np.int32(np_), np.int32(kp), abuf, bbuf, cbuf)
 
         def run():
+            for pack, size, pack_args in steps:     # packing is part of every timed run
+                pack(self.queue, size, None, *pack_args)
             kernel(self.queue, glob, local, *args).wait()
 
         return run, (lambda: read_back(m, n))

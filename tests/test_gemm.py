@@ -20,6 +20,7 @@ SMALL_CPU = dict(TM=16, TN=32, TK=16, WPTM=4, WPTN=8, VW=8, LMEM=0, KBARRIER=1)
 SMALL_LMEM = dict(TM=16, TN=16, TK=8, WPTM=2, WPTN=2, VW=1, LMEM=1, KBARRIER=0)
 # Register prefetch, with a B chunk (128 floats) that 48 work-items do not divide evenly.
 SMALL_PREFETCH = dict(TM=24, TN=16, TK=8, WPTM=4, WPTN=2, VW=1, LMEM=1, KBARRIER=0, PF=1)
+SMALL_PACKED = dict(SMALL_CPU, PACK=1)
 
 pyopencl = pytest.importorskip("pyopencl")
 
@@ -31,8 +32,8 @@ def opencl_args(tmp_path, **kw):
     return args
 
 
-@pytest.mark.parametrize("params", [SMALL_CPU, SMALL_LMEM, SMALL_PREFETCH],
-                         ids=["vector", "local-memory", "prefetch"])
+@pytest.mark.parametrize("params", [SMALL_CPU, SMALL_LMEM, SMALL_PREFETCH, SMALL_PACKED],
+                         ids=["vector", "local-memory", "prefetch", "packed"])
 def test_tiled_kernel_reports_a_verified_figure(tmp_path, capsys, params):
     result = run_module("vca_gemm", opencl_args(tmp_path, params=params, sizes=[96, 100]), capsys)
     assert result.get("failed") is not True, result.get("msg")
@@ -156,7 +157,7 @@ LIMITS = {"max_work_group_size": 256, "local_mem_bytes": 32768}
 
 
 def test_tuner_prunes_and_finds_the_rare_good_setting():
-    best = dict(TM=64, TN=64, TK=32, WPTM=8, WPTN=16, VW=8, LMEM=0, KBARRIER=1, PF=0)
+    best = dict(TM=64, TN=64, TK=32, WPTM=8, WPTN=16, VW=8, LMEM=0, KBARRIER=1, PF=0, PACK=0)
     evaluated = []
 
     def evaluate(p):

@@ -15,12 +15,19 @@
 //               the next, while that chunk of B is still in cache
 //   PF          with LMEM: 1 loads the next K chunk from global memory into
 //               registers while the current one is multiplied (latency hiding)
+//   PACK        without LMEM: 1 reads A and B from copies packed by pack_a and
+//               pack_b (run before sgemm, and timed with it) so that each
+//               work-item streams its rows of A and its columns of B as
+//               contiguous panels: [panel][k][WPTM] and [panel][k][WPTN]
 // The host pads: M % TM == 0, N % TN == 0, K % TK == 0.
 // SKIP_LAST_K_TILE (tests only) drops the last K chunk: a deliberately
 // wrong kernel that a random-data check must reject.
 
 #ifndef PF
 #define PF 0
+#endif
+#ifndef PACK
+#define PACK 0
 #endif
 #define RTSM (TM / WPTM)   // work-items along M
 #define RTSN (TN / WPTN)   // work-items along N
@@ -148,6 +155,15 @@ void sgemm(const int M, const int N, const int K,
     // as vectors of VW floats, which CPU OpenCL maps onto SIMD registers.
     const int row = m0 + tm * WPTM;
     const int col = n0 + tn * WPTN;
+#if PACK
+    __global const float *ap = A + (row / WPTM) * K * WPTM;
+    __global const float *bp = B + (col / WPTN) * K * WPTN;
+#define A_AT(i, k) ap[(k) * WPTM + (i)]
+#define B_AT(j, k) VLOAD((k) * WPTN + (j) * VW, bp)
+#else
+#define A_AT(i, k) A[(row + (i)) * K + (k)]
+#define B_AT(j, k) VLOAD((k) * N + col + (j) * VW, B)
+#endif
     floatv acc[WPTM][WPTNV];
     for (int i = 0; i < WPTM; i++)
         for (int j = 0; j < WPTNV; j++)
@@ -156,9 +172,9 @@ void sgemm(const int M, const int N, const int K,
         for (int k = k0; k < k0 + TK; k++) {
             floatv b[WPTNV];
             for (int j = 0; j < WPTNV; j++)
-                b[j] = VLOAD(k * N + col + j * VW, B);
+                b[j] = B_AT(j, k);
             for (int i = 0; i < WPTM; i++) {
-                const floatv a = (floatv)(A[(row + i) * K + k]);
+                const floatv a = (floatv)(A_AT(i, k));
                 for (int j = 0; j < WPTNV; j++)
                     acc[i][j] = mad(a, b[j], acc[i][j]);
             }
@@ -172,3 +188,21 @@ void sgemm(const int M, const int N, const int K,
             VSTORE(acc[i][j], (row + i) * N + col + j * VW, C);
 #endif
 }
+
+#if PACK && !LMEM
+// Ap[p][k][i] = A[p * WPTM + i][k]: one work-item per (k, row panel p).
+__kernel void pack_a(const int M, const int K, __global const float *restrict A, __global float *restrict Ap)
+{
+    const int k = get_global_id(0), p = get_global_id(1);
+    for (int i = 0; i < WPTM; i++)
+        Ap[(p * K + k) * WPTM + i] = A[(p * WPTM + i) * K + k];
+}
+
+// Bp[q][k][j] = B[k][q * WPTN + j]: one work-item per (k, column panel q).
+__kernel void pack_b(const int K, const int N, __global const float *restrict B, __global float *restrict Bp)
+{
+    const int k = get_global_id(0), q = get_global_id(1);
+    for (int j = 0; j < WPTNV; j++)
+        VSTORE(VLOAD(k * N + q * WPTN + j * VW, B), (q * K + k) * WPTN + j * VW, Bp);
+}
+#endif
