@@ -8,7 +8,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_FORCE_COLOR ?= 0
 export PY_COLORS ?= 0
 
-.PHONY: lab lab-down report test lint unit molecule bootstrap images venv clean
+.PHONY: lab lab-down report test lint unit molecule image-test bootstrap images venv clean
 
 $(VENV)/.installed: requirements.txt
 	python3 -m venv $(VENV)
@@ -50,6 +50,9 @@ unit: venv
 
 molecule: bootstrap venv images
 	scripts/test-all.sh molecule
+
+image-test: bootstrap venv
+	scripts/test-all.sh image
 
 clean:
 	rm -rf build .pytest_cache .ruff_cache

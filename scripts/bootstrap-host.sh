@@ -26,6 +26,13 @@ if ! command -v chromium >/dev/null 2>&1; then
     apt_install chromium
 fi
 
+# The node image builder and its QEMU boot test (image_builder/).
+if ! command -v mmdebstrap >/dev/null 2>&1 || ! command -v sfdisk >/dev/null 2>&1 \
+    || ! command -v debugfs >/dev/null 2>&1 || ! command -v qemu-system-x86_64 >/dev/null 2>&1; then
+    echo "bootstrap: installing mmdebstrap, fdisk, e2fsprogs and qemu-system-x86" >&2
+    apt_install mmdebstrap fdisk e2fsprogs qemu-system-x86
+fi
+
 if ! command -v dockerd >/dev/null 2>&1; then
     echo "bootstrap: installing docker.io" >&2
     apt_install docker.io

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Runs every check `make test` promises and prints one summary line per step.
-# Steps: yamllint, ansible-lint, ruff, pytest (tests/, then apps/vcamon/tests), then each molecule scenario.
-# With arguments, only those groups run: lint, unit, molecule.
+# Steps: yamllint, ansible-lint, ruff, pytest (tests/, then apps/vcamon/tests), each molecule
+# scenario, then the node image (two builds bit-identical, a QEMU boot).
+# With arguments, only those groups run: lint, unit, molecule, image.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-groups=${*:-lint unit molecule}
+groups=${*:-lint unit molecule image}
 VCA_LAB_IMAGE=$(lab/image/build.sh)
 export VCA_LAB_IMAGE
 
@@ -38,7 +39,10 @@ for g in $groups; do
             step "molecule:$scenario" molecule -c molecule/base.yml test -s "$scenario"
         done
         ;;
-    *) echo "unknown group $g (lint, unit, molecule)" >&2; exit 2 ;;
+    image)
+        step image scripts/image-test.sh
+        ;;
+    *) echo "unknown group $g (lint, unit, molecule, image)" >&2; exit 2 ;;
     esac
 done
 

@@ -14,6 +14,7 @@ from ansible.module_utils.testing import patch_module_args
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "lab" / "sim"))
+sys.path.insert(0, str(ROOT / "image_builder" / "src"))
 ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
 
 from vcasim.model import load_params  # noqa: E402  (needs the path above)

@@ -1,0 +1,105 @@
+"""vca-image build | verify | list-profiles."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import build as builder
+from .boottest import boot
+from .profile import ProfileError, list_profiles, load
+
+
+def verify_image(path):
+    """Problems with a built image (an empty list: it is what vcactl blockio expects)."""
+    path = Path(path)
+    problems = []
+    table = json.loads(subprocess.run(["sfdisk", "--json", str(path)], check=True, capture_output=True,
+                                      text=True).stdout)["partitiontable"]
+    parts = table.get("partitions", [])
+    if table.get("label") != "gpt":
+        problems.append("%s: not a GPT disk" % path)
+    if len(parts) < 2 or parts[1]["type"].upper() != builder.LINUX_FS:
+        problems.append("%s: partition 2 is not a Linux file system (vcactl blockio roots on it)" % path)
+        return problems
+    with open(path, "rb") as fh:
+        fh.seek(parts[1]["start"] * builder.SECTOR + 1024)
+        sb = fh.read(1024)
+    magic = struct.unpack_from("<H", sb, 0x38)[0]
+    if magic != 0xEF53:
+        problems.append("%s: partition 2 holds no ext4 file system" % path)
+    label = sb[0x78:0x88].rstrip(b"\0").decode()
+    if label != "vcaroot":
+        problems.append("%s: root file system label is %r, not vcaroot" % (path, label))
+    record_file = path.with_suffix(".json")
+    if record_file.exists():
+        record = json.loads(record_file.read_text())
+        digest = builder.sha256(path)
+        if digest != record["sha256"]:
+            problems.append("%s: sha256 %s, the build recorded %s" % (path, digest, record["sha256"]))
+    return problems
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="vca-image", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="build a profile's image")
+    b.add_argument("--profile", required=True, help="a profile name (see list-profiles) or a .yml path")
+    b.add_argument("--out", required=True)
+    b.add_argument("--cache", help="package download cache (default ~/.cache/vca-image/apt, or VCA_IMAGE_CACHE)")
+    b.add_argument("--profiles-dir")
+    v = sub.add_parser("verify", help="check a built image's layout, file system and sha256")
+    v.add_argument("image")
+    bt = sub.add_parser("boot-test", help="boot a build's image under QEMU and check the verifier's TAP")
+    bt.add_argument("out", help="the build's --out directory (image, vmlinuz, initrd.img)")
+    bt.add_argument("--timeout", type=int, default=600)
+    lp = sub.add_parser("list-profiles", help="the profiles that can be built")
+    lp.add_argument("--profiles-dir")
+    args = ap.parse_args(argv)
+
+    if args.command == "list-profiles":
+        for name in list_profiles(args.profiles_dir):
+            try:
+                profile = load(name, args.profiles_dir, check_paths=False)
+                print("%-14s %s" % (name, profile.get("description", "")))
+            except ProfileError as exc:
+                kind = "(abstract)" if "abstract: true" in str(exc) else "INVALID: %s" % exc
+                print("%-14s %s" % (name, kind))
+        return 0
+    if args.command == "verify":
+        problems = verify_image(args.image)
+        for p in problems:
+            print(p, file=sys.stderr)
+        print("%s: %s" % (args.image, "ok" if not problems else "%d problem(s)" % len(problems)))
+        return 1 if problems else 0
+    if args.command == "boot-test":
+        results, seconds, _ = boot(args.out, timeout=args.timeout)
+        for r in results:
+            detail = " (%s)" % r["detail"] if r["detail"] else ""
+            print("%-4s %2d %s%s" % (r["status"].upper(), r["n"], r["name"], detail))
+        failed = [r for r in results if r["status"] == "fail"]
+        print("boot to verifier done: %.0f s; %d checks, %d pass, %d fail, %d skip (hardware absent)"
+              % (seconds, len(results), len(results) - len(failed) - sum(r["status"] == "skip" for r in results),
+                 len(failed), sum(r["status"] == "skip" for r in results)))
+        if not results:
+            print("no TAP lines on the console: see %s" % (Path(args.out) / "boot-console.log"), file=sys.stderr)
+        return 1 if failed or not results else 0
+    try:
+        profile = load(args.profile, args.profiles_dir)     # every profile error before any download
+    except ProfileError as exc:
+        print("vca-image: %s" % exc, file=sys.stderr)
+        return 2
+    start = time.monotonic()
+    record = builder.build(profile, args.out, args.cache)
+    print("%s  %s" % (record["sha256"], Path(args.out) / record["image"]))
+    print("built %s in %.0f s (%d packages)" % (profile["name"], time.monotonic() - start, len(record["packages"])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""Profiles: YAML files that extend one another, validated before anything is downloaded.
+
+A profile names what it `extends` (another profile in the same directory, by
+name). Mappings merge key by key; `packages` and `overlays` from the child are
+added to the parent's; any other value replaces the parent's. The merged result
+is checked against SCHEMA; every error names the file and the key.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+ADDITIVE = ("packages", "overlays")
+
+SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "suite", "mirror", "packages", "kernel", "network", "formats"],
+    "properties": {
+        "name": {"type": "string", "pattern": "^[a-z0-9][a-z0-9.-]*$"},
+        "extends": {"type": "string"},
+        "description": {"type": "string"},
+        "abstract": {"type": "boolean"},
+        "suite": {"type": "string"},
+        "mirror": {"type": "string", "pattern": "^(https?|file)://"},
+        "components": {"type": "array", "items": {"type": "string"}},
+        "variant": {"enum": ["minbase", "essential", "apt", "important", "required", "standard"]},
+        "packages": {"type": "array", "items": {"type": "string", "pattern": "^[a-z0-9][a-z0-9+.-]*$"},
+                     "minItems": 1},
+        "kernel": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["source"],
+            "properties": {
+                # distribution: the suite's own kernel packages (CI's QEMU boot);
+                # debs_dir: Intel's VCA kernel packages from a directory the user provides.
+                "source": {"enum": ["distribution", "debs_dir"]},
+                "packages": {"type": "array", "items": {"type": "string"}},
+                "debs_dir": {"type": "string"},
+                "version": {"type": "string"},
+                "names": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+            },
+        },
+        "users": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["name"],
+                "properties": {
+                    "name": {"type": "string", "pattern": "^[a-z_][a-z0-9_-]*$"},
+                    "groups": {"type": "array", "items": {"type": "string"}},
+                    "authorized_keys": {"type": "array", "items": {"type": "string"}},
+                },
+            },
+        },
+        "network": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["interface", "mtu"],
+            "properties": {
+                "interface": {"type": "string"},
+                "mtu": {"type": "integer", "minimum": 576, "maximum": 65535},
+                "ifnames": {"type": "boolean"},
+                "dhcp": {"type": "boolean"},
+            },
+        },
+        "overlays": {"type": "array", "items": {"type": "string"}},
+        "formats": {"type": "array", "items": {"enum": ["blockio", "volatile"]}, "minItems": 1},
+        "image": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "size_mib": {"type": "integer", "minimum": 64},
+                "fs_uuid": {"type": "string", "pattern": "^[0-9a-f]{8}-([0-9a-f]{4}-){3}[0-9a-f]{12}$"},
+                "hash_seed": {"type": "string", "pattern": "^[0-9a-f]{8}-([0-9a-f]{4}-){3}[0-9a-f]{12}$"},
+                "source_date_epoch": {"type": "integer", "minimum": 0},
+            },
+        },
+    },
+}
+
+
+class ProfileError(Exception):
+    """A profile that cannot be built; the message names the file and the key."""
+
+
+def profiles_dir():
+    return Path(os.environ.get("VCA_IMAGE_PROFILES", Path(__file__).resolve().parents[2] / "profiles"))
+
+
+def list_profiles(directory=None):
+    directory = Path(directory or profiles_dir())
+    return sorted(p.stem for p in directory.glob("*.yml"))
+
+
+def _read(path):
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ProfileError("%s: no such profile" % path) from None
+    except yaml.YAMLError as exc:
+        raise ProfileError("%s: not valid YAML: %s" % (path, exc)) from None
+    if not isinstance(data, dict):
+        raise ProfileError("%s: a profile is a mapping of keys, got %s" % (path, type(data).__name__))
+    return data
+
+
+def merge(parent, child):
+    out = dict(parent)
+    for key, value in child.items():
+        if key in ADDITIVE and isinstance(value, list) and isinstance(out.get(key), list):
+            out[key] = out[key] + [v for v in value if v not in out[key]]
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _key_path(error):
+    return ".".join(str(p) for p in error.absolute_path) or "(top level)"
+
+
+def _describe(error, origin):
+    """One line for a schema error: the file that set the key, the key, what is wrong."""
+    path = _key_path(error)
+    top = str(error.absolute_path[0]) if error.absolute_path else None
+    if error.validator == "additionalProperties":
+        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+        known = ", ".join(sorted(error.schema.get("properties", {})))
+        where = origin.get(extra[0] if not error.absolute_path else top, origin["(any)"])
+        return "%s: unknown key %s%s (known here: %s)" % (
+            where, ".".join([*map(str, error.absolute_path), extra[0]]) if error.absolute_path else extra[0],
+            "" if len(extra) == 1 else " (and %s)" % ", ".join(extra[1:]), known)
+    if error.validator == "required":
+        return "%s: %s: %s" % (origin["(any)"], path, error.message)
+    return "%s: %s: %s" % (origin.get(top, origin["(any)"]), path, error.message)
+
+
+def load(name, directory=None, check_paths=True):
+    """The merged, validated profile `name` (a name in the profiles directory, or a path)."""
+    directory = Path(directory or profiles_dir())
+    chain, origin = [], {}
+    path = Path(name) if name.endswith(".yml") else directory / ("%s.yml" % name)
+    while True:
+        if path in chain:
+            loop = " -> ".join(str(p) for p in [*chain, path])
+            raise ProfileError("%s: extends loop: %s" % (chain[-1], loop))
+        chain.append(path)
+        data = _read(path)
+        for key in data:
+            origin.setdefault(key, str(path))        # the most derived file that sets a key
+        if "extends" not in data:
+            break
+        if not isinstance(data["extends"], str) or not re.match(r"^[A-Za-z0-9._-]+$", data["extends"]):
+            raise ProfileError("%s: extends: must name a profile in %s" % (path, path.parent))
+        path = path.parent / ("%s.yml" % data["extends"])
+    merged = {}
+    for p in reversed(chain):
+        merged = merge(merged, {k: v for k, v in _read(p).items() if k != "abstract" or p == chain[0]})
+    merged.pop("extends", None)
+    if merged.pop("abstract", False):
+        raise ProfileError("%s: abstract: true: it is extended by other profiles, not built on its own" % chain[0])
+    merged["name"] = chain[0].stem if "name" not in _read(chain[0]) else merged["name"]
+    origin["(any)"] = str(chain[0])
+    errors = sorted(jsonschema.Draft7Validator(SCHEMA).iter_errors(merged), key=lambda e: list(e.absolute_path))
+    if errors:
+        raise ProfileError("\n".join(_describe(e, origin) for e in errors))
+    if check_paths:
+        _check_paths(merged, chain[0].parent.parent, origin)   # overlays are relative to image_builder/
+    merged["_files"] = [str(p) for p in chain]
+    return merged
+
+
+def _check_paths(profile, base, origin):
+    kernel = profile["kernel"]
+    where = origin.get("kernel", origin["(any)"])
+    if kernel["source"] == "debs_dir":
+        for key in ("debs_dir", "version", "names"):
+            if key not in kernel:
+                raise ProfileError("%s: kernel.%s is required when kernel.source is debs_dir" % (where, key))
+        debs = Path(os.path.expandvars(kernel["debs_dir"]))
+        if not debs.is_dir():
+            raise ProfileError("%s: kernel.debs_dir: %s is not a directory (Intel's VCA kernel packages are not "
+                               "ours to ship: put them there)" % (where, debs))
+    elif not kernel.get("packages"):
+        raise ProfileError("%s: kernel.packages is required when kernel.source is distribution" % where)
+    for overlay in profile.get("overlays", []):
+        if not (base / overlay).is_dir():
+            raise ProfileError("%s: overlays: %s is not a directory under %s" % (origin.get("overlays"), overlay, base))
+
+
+def kernel_debs(profile):
+    """The VCA kernel .debs from kernel.debs_dir, checked by name and version before use."""
+    kernel = profile["kernel"]
+    debs = Path(os.path.expandvars(kernel["debs_dir"]))
+    found = {}
+    for deb in sorted(debs.glob("*.deb")):
+        pkg, _, rest = deb.name.partition("_")
+        version = rest.split("_")[0]
+        found[pkg] = (version, deb)
+    problems = []
+    for name in kernel["names"]:
+        if name not in found:
+            problems.append("%s: no %s_*.deb" % (debs, name))
+        elif found[name][0] != kernel["version"]:
+            problems.append("%s: %s is version %s, the profile asks for %s"
+                            % (found[name][1], name, found[name][0], kernel["version"]))
+    if problems:
+        raise ProfileError("; ".join(problems))
+    return [found[name][1] for name in kernel["names"]]

@@ -1,0 +1,73 @@
+"""image_builder profiles: extends, merge, and errors that name the file and key before any download."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from conftest import ROOT
+from vca_image.profile import ProfileError, kernel_debs, list_profiles, load
+
+PROFILES = ROOT / "image_builder" / "profiles"
+
+
+@pytest.fixture
+def pdir(tmp_path):
+    """A copy of the shipped profiles (and their overlays) to break."""
+    shutil.copytree(PROFILES, tmp_path / "profiles")
+    shutil.copytree(ROOT / "image_builder" / "overlays", tmp_path / "overlays")
+    return tmp_path / "profiles"
+
+
+def test_shipped_profiles():
+    assert {"base", "debian-12", "ubuntu-22.04"} <= set(list_profiles(PROFILES))
+    deb = load("debian-12", PROFILES)
+    assert deb["suite"] == "bookworm" and deb["kernel"]["packages"] == ["linux-image-amd64"]
+    assert "lm-sensors" in deb["packages"] and "pocl-opencl-icd" in deb["packages"]   # base's, plus its own
+    assert deb["network"] == {"interface": "eth0", "mtu": 65521, "ifnames": False, "dhcp": True}
+    assert deb["_files"][0].endswith("debian-12.yml") and deb["_files"][1].endswith("base.yml")
+
+
+def test_unknown_key_names_file_and_key(pdir):
+    (pdir / "debian-12.yml").write_text((pdir / "debian-12.yml").read_text() + "pacakges: [vim]\n")
+    with pytest.raises(ProfileError) as err:
+        load("debian-12", pdir)
+    assert str(pdir / "debian-12.yml") in str(err.value) and "unknown key pacakges" in str(err.value)
+
+
+def test_unknown_nested_key(pdir):
+    (pdir / "debian-12.yml").write_text((pdir / "debian-12.yml").read_text().replace(
+        "  source: distribution", "  source: distribution\n  flavour: rt"))
+    with pytest.raises(ProfileError, match=r"debian-12.yml: unknown key kernel.flavour"):
+        load("debian-12", pdir)
+
+
+def test_missing_kernel_dir(pdir, monkeypatch):
+    monkeypatch.setenv("VCA_KERNEL_DEBS", str(pdir / "no-such-dir"))
+    with pytest.raises(ProfileError) as err:
+        load("ubuntu-22.04", pdir)
+    assert "ubuntu-22.04.yml: kernel.debs_dir" in str(err.value) and "no-such-dir is not a directory" in str(err.value)
+
+
+def test_extends_loop(pdir):
+    (pdir / "a.yml").write_text("extends: b\n")
+    (pdir / "b.yml").write_text("extends: a\n")
+    with pytest.raises(ProfileError, match=r"extends loop: .*a.yml -> .*b.yml -> .*a.yml"):
+        load("a", pdir)
+
+
+def test_bad_value_names_key(pdir):
+    (pdir / "debian-12.yml").write_text((pdir / "debian-12.yml").read_text() + "network: {mtu: 100000}\n")
+    with pytest.raises(ProfileError, match=r"debian-12.yml: network.mtu: 100000 is greater than the maximum"):
+        load("debian-12", pdir)
+
+
+def test_kernel_debs_are_checked_by_name_and_version(pdir, tmp_path, monkeypatch):
+    debs = tmp_path / "debs"
+    debs.mkdir()
+    monkeypatch.setenv("VCA_KERNEL_DEBS", str(debs))
+    (debs / "linux-image-4.14.20-1.2.3.26.vca_4.14.20-1.2.3.25.vca-1_amd64.deb").write_bytes(b"")
+    profile = load("ubuntu-22.04", pdir)
+    with pytest.raises(ProfileError, match=r"is version 4\.14\.20-1\.2\.3\.25\.vca-1, the profile asks for"):
+        kernel_debs(profile)
