@@ -107,15 +107,23 @@ def _clblast_tune(platform_index, device_index, n, workdir):
     except (OSError, subprocess.SubprocessError) as exc:
         print("  (CLBlast tuner unavailable or failed: %s)" % exc, file=sys.stderr)
         return None
+    return best_tuning(glob.glob(os.path.join(workdir, "clblast_xgemm_*_32.json")))
+
+
+def best_tuning(paths):
+    """The fastest parameter set in CLBlast tuner result files (or None)."""
     best = None
-    for path in glob.glob(os.path.join(workdir, "clblast_xgemm_*_32.json")):
+    for path in paths:
         data = json.load(open(path))
         for res in data.get("results", []):
             if best is None or res["time"] < best["time"]:
                 best = res
     if best is None:
         return None
-    return {p["name"]: int(p["value"]) for p in best["parameters"]}
+    params = best["parameters"]
+    if isinstance(params, dict):                 # CLBlast 1.5 writes a mapping, older ones a list
+        return {k: int(v) for k, v in params.items() if k != "PRECISION"}
+    return {p["name"]: int(p["value"]) for p in params if p["name"] != "PRECISION"}
 
 
 def run_clblast(queue, a, b, params, device):
@@ -195,6 +203,8 @@ def parse_args():
     ap.add_argument("--no-clblast-tune", action="store_true", help="CLBlast with its stock parameters")
     ap.add_argument("--json", help="write every figure here too")
     ap.add_argument("--sweep", action="store_true", help="tune once at 4096, then check N = 256..4096 for cliffs")
+    ap.add_argument("--clblast-tuning", nargs="+", metavar="JSON",
+                    help="result files of an earlier clblast_tuner_xgemm run on this device: its best, not a new run")
     ap.add_argument("--params", type=json.loads, help='a fixed tiling instead of tuning, e.g. \'{"TM": 128, ...}\'')
     return ap.parse_args()
 
@@ -234,7 +244,10 @@ def main():
         if n <= 4096:
             contenders["shipped"] = runner.prepare_shipped(a, b)
         if is_cpu:
-            cl_params = None if args.no_clblast_tune else clblast_tuned(pi, di, min(n, 1024), workdir)
+            if args.clblast_tuning:
+                cl_params = best_tuning(args.clblast_tuning)
+            else:
+                cl_params = None if args.no_clblast_tune else clblast_tuned(pi, di, min(n, 1024), workdir)
             entry["clblast_params"] = cl_params
             contenders["clblast"] = run_clblast(runner.queue, a, b, cl_params, device)
             contenders["openblas"] = run_numpy(a, b)

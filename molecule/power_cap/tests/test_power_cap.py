@@ -7,6 +7,8 @@ import json
 testinfra_hosts = ["ansible://vca_nodes"]
 
 RAPL = "/var/lib/vcasim/sys/class/powercap/intel-rapl:0"
+CAPS = {"long_term": 25000000, "short_term": 30000000}     # molecule.yml
+PL1_W = CAPS["long_term"] / 1e6
 
 
 def limits(host):
@@ -18,7 +20,7 @@ def limits(host):
 
 
 def test_caps_in_force_and_stock_recorded(host):
-    assert limits(host) == {"long_term": 35000000, "short_term": 40000000}
+    assert limits(host) == CAPS
     stock = json.loads(host.file("/etc/vcafleet/power-cap.stock.json").content_string)
     assert stock["long_term"]["power_limit_uw"] == 45000000
 
@@ -29,7 +31,7 @@ def test_boot_unit_enabled_and_reapplies_after_a_firmware_reset(host):
     host.check_output(f"echo 45000000 > {RAPL}/constraint_0_power_limit_uw")
     host.check_output(f"echo 56250000 > {RAPL}/constraint_1_power_limit_uw")
     host.check_output("systemctl restart vca-power-cap.service")
-    assert limits(host) == {"long_term": 35000000, "short_term": 40000000}
+    assert limits(host) == CAPS
     assert "in force" in host.check_output("journalctl -u vca-power-cap.service --no-pager -o cat")
 
 
@@ -58,5 +60,5 @@ def test_package_power_under_load_stays_at_or_under_pl1(host):
     rows = [line.split() for line in host.check_output(script).splitlines()]
     watts = [(int(e1) - int(e0)) / (float(t1) - float(t0)) / 1e6 for e0, e1, t0, t1 in rows]
     assert len(watts) == 3
-    assert max(watts) <= 35.0 * 1.005, watts
-    assert min(watts) >= 30.0, watts             # loaded, not idle: the cap is what holds it
+    assert max(watts) <= PL1_W * 1.005, watts
+    assert min(watts) >= PL1_W * 0.9, watts      # held at the cap, not idling under it
