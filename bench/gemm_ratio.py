@@ -209,6 +209,21 @@ def parse_args():
     return ap.parse_args()
 
 
+def ours_tiling(args, runner, n):
+    """The fixed --params, or the tuner's winner at n: (params, trials)."""
+    if args.params:
+        return args.params, 0
+    params, _, trials = tune_ours(runner, n, args.budget, args.seed)
+    return params, trials
+
+
+def clblast_params(args, pi, di, n, workdir):
+    """CLBlast's tuned parameters: from earlier tuner files, a new tuner run, or None (stock)."""
+    if args.clblast_tuning:
+        return best_tuning(args.clblast_tuning)
+    return None if args.no_clblast_tune else clblast_tuned(pi, di, min(n, 1024), workdir)
+
+
 def main():
     args = parse_args()
 
@@ -219,10 +234,7 @@ def main():
     sizes = args.sizes or ([512, 1024, 2048, 4096] if is_cpu else [1024, 2048, 4096, 8192])
     print("device: %(name)s | %(platform)s | driver %(driver)s | %(compute_units)d CUs" % runner.describe())
     if args.sweep:
-        if args.params:
-            params, trials = args.params, 0
-        else:
-            params, _, trials = tune_ours(runner, 2048 if is_cpu else 4096, args.budget, args.seed)
+        params, trials = ours_tiling(args, runner, 2048 if is_cpu else 4096)
         print("tiling after %d trials: %s" % (trials, params))
         figures, cliffs = sweep(runner, params, args.seed, args.reps)
         if args.json:
@@ -235,19 +247,13 @@ def main():
         a, b = vca_gemm.random_operands(n, n, n, args.seed + n)
         rows, ref = reference_for(a, b, np.random.default_rng(n))
         entry = {"n": n}
-        if args.params:
-            params, trials = args.params, 0
-        else:
-            params, _, trials = tune_ours(runner, min(n, 2048 if is_cpu else 4096), args.budget, args.seed)
+        params, trials = ours_tiling(args, runner, min(n, 2048 if is_cpu else 4096))
         entry["ours_params"], entry["ours_trials"] = params, trials
         contenders = {"ours": runner.prepare(a, b, params)}
         if n <= 4096:
             contenders["shipped"] = runner.prepare_shipped(a, b)
         if is_cpu:
-            if args.clblast_tuning:
-                cl_params = best_tuning(args.clblast_tuning)
-            else:
-                cl_params = None if args.no_clblast_tune else clblast_tuned(pi, di, min(n, 1024), workdir)
+            cl_params = clblast_params(args, pi, di, n, workdir)
             entry["clblast_params"] = cl_params
             contenders["clblast"] = run_clblast(runner.queue, a, b, cl_params, device)
             contenders["openblas"] = run_numpy(a, b)
