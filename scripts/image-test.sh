@@ -10,10 +10,11 @@ PY=${PYTHON:-.venv/bin/python}
 CACHE=${VCA_IMAGE_CACHE:-/var/cache/vcafleet/vca-image}
 OUT=build/image
 rm -rf "$OUT"
+mkdir -p "$OUT"
 for run in a b; do
     start=$SECONDS
-    "$PY" -m vca_image build --profile debian-12 --out "$OUT/$run" --cache "$CACHE" 2>"$OUT.$run.log" \
-        || { tail -30 "$OUT.$run.log"; exit 1; }
+    "$PY" -m vca_image build --profile debian-12 --out "$OUT/$run" --cache "$CACHE" 2>"$OUT/build-$run.log" \
+        || { tail -30 "$OUT/build-$run.log"; exit 1; }
     echo "image build $run: $((SECONDS - start)) s"
 done
 a=$(awk '/^sha256/ {print $2}' "$OUT/a/debian-12.manifest")
