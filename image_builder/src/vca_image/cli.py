@@ -82,13 +82,12 @@ def main(argv=None):
         for r in results:
             detail = " (%s)" % r["detail"] if r["detail"] else ""
             print("%-4s %2d %s%s" % (r["status"].upper(), r["n"], r["name"], detail))
-        failed = [r for r in results if r["status"] == "fail"]
+        count = {s: sum(r["status"] == s for r in results) for s in ("pass", "fail", "skip")}
         print("boot to verifier done: %.0f s; %d checks, %d pass, %d fail, %d skip (hardware absent)"
-              % (seconds, len(results), len(results) - len(failed) - sum(r["status"] == "skip" for r in results),
-                 len(failed), sum(r["status"] == "skip" for r in results)))
+              % (seconds, len(results), count["pass"], count["fail"], count["skip"]))
         if not results:
             print("no TAP lines on the console: see %s" % (Path(args.out) / "boot-console.log"), file=sys.stderr)
-        return 1 if failed or not results else 0
+        return 1 if count["fail"] or not results else 0
     try:
         profile = load(args.profile, args.profiles_dir)     # every profile error before any download
     except ProfileError as exc:

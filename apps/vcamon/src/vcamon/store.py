@@ -313,8 +313,8 @@ class Store:
         where = "s.node = ?" if node else "1"
         args = [node] if node else []
         rows = 0
+        oldest_raw = self.db.execute("SELECT min(ts) FROM samples").fetchone()[0] or until
         for table, col, res in (("rollups", "mean", "5m"), ("samples", "value", "raw")):
-            oldest_raw = self.db.execute("SELECT min(ts) FROM samples").fetchone()[0] or until
             hi = oldest_raw if table == "rollups" else until
             for ts, n, metric, label, value in self.db.execute(
                     "SELECT v.ts, s.node, s.metric, s.label, v.%s FROM %s v JOIN series s ON s.id = v.series_id "
