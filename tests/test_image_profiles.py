@@ -7,6 +7,7 @@ import shutil
 import pytest
 
 from conftest import ROOT
+from vca_image.build import recipe
 from vca_image.profile import ProfileError, kernel_debs, list_profiles, load
 
 PROFILES = ROOT / "image_builder" / "profiles"
@@ -71,3 +72,26 @@ def test_kernel_debs_are_checked_by_name_and_version(pdir, tmp_path, monkeypatch
     profile = load("ubuntu-22.04", pdir)
     with pytest.raises(ProfileError, match=r"is version 4\.14\.20-1\.2\.3\.25\.vca-1, the profile asks for"):
         kernel_debs(profile)
+
+
+def test_blockio_is_always_built(pdir):
+    (pdir / "ram.yml").write_text("extends: debian-12\nformats: [volatile]\n")
+    with pytest.raises(ProfileError, match=r"ram.yml: formats: must include blockio"):
+        load("ram", pdir)
+
+
+def test_verify_floor_is_checked(pdir):
+    (pdir / "low.yml").write_text("extends: debian-12\nverify: {mem_floor_mib: -1}\n")
+    with pytest.raises(ProfileError, match=r"low.yml: verify.mem_floor_mib: -1 is less than the minimum of 0"):
+        load("low", pdir)
+
+
+def test_recipe_follows_the_profile_and_its_overlays(pdir):
+    first = recipe(load("debian-12", pdir))
+    assert recipe(load("debian-12", pdir)) == first
+    verifier = pdir.parent / "overlays/node/usr/local/sbin/vca-node-verify"
+    verifier.write_text(verifier.read_text() + "# changed\n")
+    second = recipe(load("debian-12", pdir))
+    assert second != first
+    (pdir / "debian-12.yml").write_text((pdir / "debian-12.yml").read_text() + "verify: {mem_floor_mib: 512}\n")
+    assert recipe(load("debian-12", pdir)) not in (first, second)

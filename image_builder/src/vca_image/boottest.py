@@ -19,25 +19,30 @@ TAP = re.compile(r"vca-node-verify: (.*)$")
 RESULT = re.compile(r"^(ok|not ok) (\d+) - (.*?)(?: # (SKIP)? ?(.*))?$")
 
 
-def boot(out, image=None, timeout=600, memory_mib=1536):
-    """Boot out/<image> with out/vmlinuz and out/initrd.img; returns (results, seconds, console text)."""
+def boot(out, image=None, timeout=600, memory_mib=1536, volatile=False):
+    """Boot out/<image> with out/vmlinuz and out/initrd.img, or (volatile) out/vmlinuz with the
+    whole-root initramfs and no disk; returns (results, seconds, console text)."""
     out = Path(out)
-    if image is None:          # the disk image the build recorded (initrd.img is an .img too)
-        records = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
-        images = [out / r["image"] for r in records if isinstance(r, dict) and "image" in r]
-        if not images:
-            raise SystemExit("vca-image: no build record (<profile>.json) in %s" % out)
-        image = images[0]
+    records = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+    records = [r for r in records if isinstance(r, dict) and "image" in r]
+    if not records:
+        raise SystemExit("vca-image: no build record (<profile>.json) in %s" % out)
+    if volatile and "volatile" not in records[0]:
+        raise SystemExit("vca-image: %s has no volatile image (its profile's formats do not ask for one)" % out)
+    image = image or out / records[0]["image"]
     qemu = shutil.which("qemu-system-x86_64")
     if not qemu:
         raise SystemExit("vca-image: qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)")
     console = out / "boot-console.log"
     cmd = [qemu, "-machine", "q35", "-m", str(memory_mib), "-smp", "2", "-display", "none", "-no-reboot",
            "-snapshot", "-serial", "file:%s" % console,
-           "-kernel", str(out / "vmlinuz"), "-initrd", str(out / "initrd.img"),
-           "-append", "root=/dev/vda2 rw console=ttyS0 net.ifnames=0 vca.boottest vca.host=10.0.2.2 panic=-1",
-           "-drive", "file=%s,format=raw,if=virtio" % image,
-           "-netdev", "user,id=n0", "-device", "virtio-net-pci,netdev=n0"]
+           "-kernel", str(out / "vmlinuz"), "-netdev", "user,id=n0", "-device", "virtio-net-pci,netdev=n0"]
+    args = "console=ttyS0 net.ifnames=0 vca.boottest vca.host=10.0.2.2 panic=-1"
+    if volatile:    # no root=: the kernel runs /init from the initramfs, in tmpfs
+        cmd += ["-initrd", str(out / records[0]["volatile"]), "-append", args]
+    else:
+        cmd += ["-initrd", str(out / "initrd.img"), "-append", "root=/dev/vda2 rw " + args,
+                "-drive", "file=%s,format=raw,if=virtio" % image]
     start = time.monotonic()
     try:
         subprocess.run(cmd, timeout=timeout, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -7,12 +7,14 @@ first boot makes for itself (ssh host keys, machine-id, logs) left out.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 
@@ -91,7 +93,21 @@ def write(root, rel, text, mode=0o644):
     path.chmod(mode)
 
 
-def configure(profile, rootfs, base):
+def recipe(profile):
+    """What a build is made from: the merged profile, every overlay file and this builder's code.
+    Two builds of one recipe differ only where the archive moved on; the role builds once per recipe."""
+    h = hashlib.sha256()
+    h.update(json.dumps({k: v for k, v in profile.items() if k != "_files"}, sort_keys=True).encode())
+    base = Path(profile["_files"][0]).resolve().parent.parent
+    trees = [base / o for o in profile.get("overlays", [])] + [Path(__file__).resolve().parent]
+    for tree in trees:
+        for path in sorted(p for p in tree.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+            h.update(b"\0%s\0%o\0" % (str(path.relative_to(tree)).encode(), path.lstat().st_mode))
+            h.update(os.readlink(path).encode() if path.is_symlink() else path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def configure(profile, rootfs, base, packages_installed):
     """Overlays, network, fleet keys, the image record; then the per-build files out."""
     for overlay in profile.get("overlays", []):
         shutil.copytree(base / overlay, rootfs, symlinks=True, dirs_exist_ok=True)
@@ -103,7 +119,8 @@ def configure(profile, rootfs, base):
     write(rootfs, "etc/hostname", "vca-node\n")
     write(rootfs, "etc/hosts", "127.0.0.1\tlocalhost\n127.0.1.1\tvca-node\n")
     write(rootfs, "etc/vca-node.conf", "# per-node values come from the node_image role's overlay\n"
-          "IFACE=%s\nMTU=%d\nMEM_FLOOR_MIB=256\n" % (net["interface"], net["mtu"]))
+          "IFACE=%s\nMTU=%d\nMEM_FLOOR_MIB=%d\n"
+          % (net["interface"], net["mtu"], profile.get("verify", {}).get("mem_floor_mib", 256)))
     for user in profile.get("users", []):
         if user.get("authorized_keys"):
             home = rootfs / ("root" if user["name"] == "root" else "home/%s" % user["name"])
@@ -114,7 +131,12 @@ def configure(profile, rootfs, base):
                 path.unlink()
     write(rootfs, "etc/machine-id", "")                 # systemd fills it on first boot
     kernels = sorted(p.name[len("vmlinuz-"):] for p in (rootfs / "boot").glob("vmlinuz-*"))
-    record = {"profile": profile["name"], "suite": profile["suite"], "kernel_version": kernels[-1] if kernels else None,
+    # build_id names this image by content (recipe + the package versions it got): a booted
+    # node reports it from /etc/vca-image.json, and the host's store files the image under it.
+    build = recipe(profile)
+    build_id = hashlib.sha256(("%s\n" % build + "\n".join(packages_installed)).encode()).hexdigest()[:16]
+    record = {"build_id": build_id, "recipe": build, "profile": profile["name"], "suite": profile["suite"],
+              "kernel_version": kernels[-1] if kernels else None,
               "users": [{"name": u["name"], "authorized_keys": bool(u.get("authorized_keys"))}
                         for u in profile.get("users", [])],
               "source_date_epoch": profile["image"]["source_date_epoch"]}
@@ -188,6 +210,38 @@ def make_disk(profile, rootfs, out):
     return disk
 
 
+def make_volatile(profile, rootfs, out):
+    """The volatile (RAM) boot image: the whole root file system as one gzip'd newc initramfs,
+    /init -> /sbin/init, booted with the build's vmlinuz and no disk (the kernel unpacks it
+    into tmpfs; nothing survives a reboot). Reproducible: names sorted, mtimes clamped,
+    cpio --reproducible, gzip without a name or time. gzip, not zstd: the 4.14 VCA kernel
+    predates zstd initramfs."""
+    epoch = profile["image"]["source_date_epoch"]
+    init = rootfs / "init"
+    if not os.path.lexists(init):
+        init.symlink_to("sbin/init")
+        os.utime(init, (epoch, epoch), follow_symlinks=False)
+        os.utime(rootfs, (epoch, epoch))
+    names = ["."]
+    for dirpath, dirnames, filenames in os.walk(rootfs):
+        for name in dirnames + filenames:
+            names.append(os.path.relpath(os.path.join(dirpath, name), rootfs))
+    listing = "".join(n + "\0" for n in sorted(names)).encode()
+    path = out / ("%s.volatile.cpio.gz" % profile["name"])
+    log("$ cpio -o -H newc --reproducible | gzip -n > %s" % path)
+    with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
+        proc = subprocess.Popen(["cpio", "--quiet", "-o", "-H", "newc", "--reproducible", "--null"], cwd=rootfs,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        feeder = threading.Thread(target=lambda: (proc.stdin.write(listing), proc.stdin.close()))
+        feeder.start()
+        for block in iter(lambda: proc.stdout.read(1 << 20), b""):
+            gz.write(block)
+        feeder.join()
+        if proc.wait() != 0:
+            raise SystemExit("vca-image: cpio failed making %s" % path)
+    return path
+
+
 def build(profile, out, cache=None, keep_rootfs=False):
     """Build every format the profile asks for into out/; returns the record written beside the image."""
     out = Path(out)
@@ -197,23 +251,26 @@ def build(profile, out, cache=None, keep_rootfs=False):
     rootfs = out / "rootfs"
     if rootfs.exists():
         shutil.rmtree(rootfs)
-    unsupported = sorted(set(profile["formats"]) - {"blockio"})
-    if unsupported:
-        raise SystemExit("vca-image: format %s is not built by this version (blockio is)" % ", ".join(unsupported))
     bootstrap(profile, rootfs, cache / profile["suite"])
-    record = configure(profile, rootfs, base)
-    record["packages"] = manifest(rootfs)
+    installed = manifest(rootfs)
+    record = configure(profile, rootfs, base, installed)
+    record["packages"] = installed
     for kind in ("vmlinuz", "initrd.img"):           # for QEMU's -kernel/-initrd and for vcactl
         found = sorted((rootfs / "boot").glob("%s-*" % kind))
         if found:
             shutil.copyfile(found[-1], out / kind)
     clamp_mtimes(rootfs, profile["image"]["source_date_epoch"])
     disk = make_disk(profile, rootfs, out)
+    if "volatile" in profile["formats"]:
+        volatile = make_volatile(profile, rootfs, out)
+        record["volatile"] = volatile.name
+        record["volatile_sha256"] = sha256(volatile)
     if not keep_rootfs:
         shutil.rmtree(rootfs)
     record["image"] = disk.name
     record["sha256"] = sha256(disk)
     (out / ("%s.manifest" % profile["name"])).write_text(
-        "".join(p + "\n" for p in record["packages"]) + "sha256 %s  %s\n" % (record["sha256"], disk.name))
+        "".join(p + "\n" for p in record["packages"]) + "sha256 %s  %s\n" % (record["sha256"], disk.name)
+        + ("sha256 %s  %s\n" % (record["volatile_sha256"], record["volatile"]) if "volatile" in record else ""))
     (out / ("%s.json" % profile["name"])).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     return record

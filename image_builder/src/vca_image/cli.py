@@ -1,4 +1,4 @@
-"""vca-image build | verify | list-profiles."""
+"""vca-image build | verify | boot-test | recipe | list-profiles."""
 
 from __future__ import annotations
 
@@ -58,6 +58,11 @@ def main(argv=None):
     bt = sub.add_parser("boot-test", help="boot a build's image under QEMU and check the verifier's TAP")
     bt.add_argument("out", help="the build's --out directory (image, vmlinuz, initrd.img)")
     bt.add_argument("--timeout", type=int, default=600)
+    bt.add_argument("--volatile", action="store_true", help="boot the volatile (RAM) image instead of the disk")
+    bt.add_argument("--memory", type=int, default=1536, help="MiB of guest memory (a volatile boot holds the root)")
+    r = sub.add_parser("recipe", help="print the digest of what a build of this profile is made from")
+    r.add_argument("--profile", required=True)
+    r.add_argument("--profiles-dir")
     lp = sub.add_parser("list-profiles", help="the profiles that can be built")
     lp.add_argument("--profiles-dir")
     args = ap.parse_args(argv)
@@ -78,7 +83,7 @@ def main(argv=None):
         print("%s: %s" % (args.image, "ok" if not problems else "%d problem(s)" % len(problems)))
         return 1 if problems else 0
     if args.command == "boot-test":
-        results, seconds, _ = boot(args.out, timeout=args.timeout)
+        results, seconds, _ = boot(args.out, timeout=args.timeout, memory_mib=args.memory, volatile=args.volatile)
         for r in results:
             detail = " (%s)" % r["detail"] if r["detail"] else ""
             print("%-4s %2d %s%s" % (r["status"].upper(), r["n"], r["name"], detail))
@@ -93,10 +98,14 @@ def main(argv=None):
     except ProfileError as exc:
         print("vca-image: %s" % exc, file=sys.stderr)
         return 2
+    if args.command == "recipe":
+        print(builder.recipe(profile))
+        return 0
     start = time.monotonic()
     record = builder.build(profile, args.out, args.cache)
     print("%s  %s" % (record["sha256"], Path(args.out) / record["image"]))
-    print("built %s in %.0f s (%d packages)" % (profile["name"], time.monotonic() - start, len(record["packages"])))
+    print("built %s in %.0f s (%d packages), build_id %s"
+          % (profile["name"], time.monotonic() - start, len(record["packages"]), record["build_id"]))
     return 0
 
 

@@ -71,7 +71,14 @@ SCHEMA = {
             },
         },
         "overlays": {"type": "array", "items": {"type": "string"}},
-        "formats": {"type": "array", "items": {"enum": ["blockio", "volatile"]}, "minItems": 1},
+        # what the on-node verifier holds this image's nodes to
+        "verify": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {"mem_floor_mib": {"type": "integer", "minimum": 0}},
+        },
+        # blockio (the persistent disk) is always built; volatile (RAM boot) where asked for
+        "formats": {"type": "array", "items": {"enum": ["blockio", "volatile"]}, "contains": {"const": "blockio"}},
         "image": {
             "type": "object",
             "additionalProperties": False,
@@ -138,6 +145,8 @@ def _describe(error, origin):
         return "%s: unknown key %s%s (known here: %s)" % (
             where, ".".join([*map(str, error.absolute_path), extra[0]]) if error.absolute_path else extra[0],
             "" if len(extra) == 1 else " (and %s)" % ", ".join(extra[1:]), known)
+    if error.validator == "contains":
+        return "%s: %s: must include %s" % (origin.get(top, origin["(any)"]), path, error.schema["contains"]["const"])
     if error.validator == "required":
         return "%s: %s: %s" % (origin["(any)"], path, error.message)
     return "%s: %s: %s" % (origin.get(top, origin["(any)"]), path, error.message)
