@@ -7,6 +7,7 @@ dead answer link_down to everything, as node 3 does on the seed host.
 
     vcactl status [card [cpu]]
     vcactl boot [card [cpu]] [image|vcablk0]
+    vcactl blockio open card cpu vcablk0 RW|RO PATH | blockio close card cpu vcablk0 | blockio list
     vcactl reset | pwrbtn-short | pwrbtn-long | os-shutdown [card [cpu]]
     vcactl wait | wait-BIOS [card [cpu]] [--timeout S]
 """
@@ -16,7 +17,10 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import struct
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,6 +30,10 @@ from .model import load_params
 
 CONFIG = Path(os.environ.get("VCASIM_VCACTL_CONFIG", "/etc/vcasim/vcactl.yml"))
 STATE = Path(os.environ.get("VCASIM_VCACTL_STATE", "/var/lib/vcasim/vcactl.json"))
+BOOT_DIR = Path(os.environ.get("VCASIM_BOOT_DIR", "/var/lib/vcasim/boot"))
+# What a booted node's files say about it, as the lab node sees them.
+BOOTED_FILES = ("/etc/vca-image.json", "/etc/vca-node.conf", "/etc/vca-node.local.conf", "/etc/hostname",
+                "/usr/local/sbin/vca-node-verify")
 
 OS_UP = ("os_ready", "net_device_ready")
 BOOTABLE = ("bios_up", "bios_ready")
@@ -49,14 +57,18 @@ class Fleet:
                 "dead": bool(entry.get("dead", False)),
                 "state": saved.get("state", entry.get("initial", "bios_up")),
                 "since": saved.get("since", self.clock()),
+                "blockio": saved.get("blockio"),
+                "boot_ok": saved.get("boot_ok", True),
             }
+        self.boot_dir = BOOT_DIR
 
     def dump(self) -> dict:
-        return {k: {"state": n["state"], "since": n["since"]} for k, n in self.nodes.items()}
+        return {k: {"state": n["state"], "since": n["since"], "blockio": n["blockio"], "boot_ok": n["boot_ok"]}
+                for k, n in self.nodes.items()}
 
     def _advance(self, node: dict) -> None:
         chain = {
-            "booting": ("os_ready", self.timing["boot_s"]),
+            "booting": ("os_ready" if node["boot_ok"] else "error", self.timing["boot_s"]),
             "os_ready": ("net_device_ready", self.timing["net_s"]),
             "resetting": ("bios_up", self.timing["reset_s"]),
             "powering_down": ("power_off", self.timing["shutdown_s"]),
@@ -87,7 +99,7 @@ class Fleet:
     def _set(self, node: dict, state: str) -> None:
         node["state"], node["since"] = state, self.clock()
 
-    def boot(self, node: dict) -> None:
+    def boot(self, node: dict, image: str | None = None) -> None:
         current = self.state(node)
         if current not in BOOTABLE and current not in OS_UP:
             raise VcactlError(
@@ -95,7 +107,30 @@ class Fleet:
                 f'or "bios_ready" state!'
             )
         if current in BOOTABLE:
+            if image == "vcablk0" and node["blockio"]:
+                node["boot_ok"] = boot_from_disk(node["blockio"], self.boot_dir / f"{node['card']}-{node['cpu']}")
+            else:   # an image path (volatile boot) or a card booted before blockio: not inspected
+                node["boot_ok"] = True
             self._set(node, "booting")
+
+    def blockio(self, node: dict, args: list[str]) -> None:
+        """blockio open|close for one node's vcablk0, as the real command takes them."""
+        verb = args[0]
+        if verb == "open":
+            if len(args) < 3 or args[1] != "vcablk0" or args[2] not in ("RW", "RO") or len(args) < 4:
+                raise VcactlError("usage: vcactl blockio open <card> <cpu> vcablk0 RW|RO <path>")
+            if self.state(node) not in (*BOOTABLE, "power_off"):
+                raise VcactlError(f"ERROR: Card: {node['card']} Cpu: {node['cpu']} - cannot open blockio "
+                                  f"while the node is {self.state(node)}")
+            if not os.path.isfile(args[3]):
+                raise VcactlError(f"ERROR: {args[3]}: no such file")
+            node["blockio"] = os.path.abspath(args[3])
+        elif verb == "close":
+            if self.state(node) in (*OS_UP, "booting"):
+                raise VcactlError(f"ERROR: Card: {node['card']} Cpu: {node['cpu']} - vcablk0 in use by the OS")
+            node["blockio"] = None
+        else:
+            raise VcactlError(f"ERROR: unknown blockio command {verb}")
 
     def reset(self, node: dict) -> None:
         self._require_link(node)
@@ -126,6 +161,45 @@ class Fleet:
             raise VcactlError(f"ERROR: Card: {node['card']} Cpu: {node['cpu']} - link down")
 
 
+def root_partition_offset(disk: str) -> int:
+    """Byte offset of GPT partition 2 (the root file system vcablk0 boots)."""
+    with open(disk, "rb") as fh:
+        fh.seek(512)
+        header = fh.read(92)
+        if header[:8] != b"EFI PART":
+            raise ValueError(f"{disk}: no GPT")
+        entries_lba, count, size = struct.unpack_from("<QII", header, 72)
+        if count < 2:
+            raise ValueError(f"{disk}: no partition 2")
+        fh.seek(entries_lba * 512 + size)
+        first_lba = struct.unpack_from("<Q", fh.read(size), 32)[0]
+    if not first_lba:
+        raise ValueError(f"{disk}: partition 2 is empty")
+    return first_lba * 512
+
+
+def boot_from_disk(disk: str, out: Path) -> bool:
+    """Read what a booting node would from its disk; False when it is not a bootable VCA image."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name in os.listdir(out):          # nothing of the image booted before may linger
+        os.unlink(out / name)
+    try:
+        target = f"{disk}?offset={root_partition_offset(disk)}"
+    except (OSError, ValueError):
+        return False
+    for path in BOOTED_FILES:
+        with tempfile.NamedTemporaryFile(dir=out, delete=False) as tmp:
+            pass
+        done = subprocess.run(["debugfs", "-R", f"dump {path} {tmp.name}", target],
+                              capture_output=True, text=True, check=False)
+        if done.returncode != 0 or os.path.getsize(tmp.name) == 0:
+            os.unlink(tmp.name)
+            continue
+        os.chmod(tmp.name, 0o755 if "/sbin/" in path else 0o644)
+        os.replace(tmp.name, out / os.path.basename(path))
+    return (out / "vca-image.json").exists()
+
+
 def line(node: dict, state: str) -> str:
     return f"Card: {node['card']} Cpu: {node['cpu']}  STATE: {state}"
 
@@ -143,11 +217,35 @@ def _wait(fleet: Fleet, nodes: list[dict], goal: str, timeout: float, *, out, sl
     return rc
 
 
+def _blockio(fleet: Fleet, rest: list[str], out) -> int:
+    if not rest or rest[0] == "list":
+        for n in fleet.select([]):
+            print(f"Card: {n['card']} Cpu: {n['cpu']}  vcablk0: {n['blockio'] or 'closed'}", file=out)
+        return 0
+    numbers = [a for a in rest[1:3] if a.isdigit()]
+    if len(numbers) != 2:
+        print("usage: vcactl blockio open|close <card> <cpu> vcablk0 ...", file=out)
+        return 2
+    try:
+        node = fleet.select(numbers)[0]
+        fleet._require_link(node)
+        fleet.blockio(node, [rest[0], *rest[3:]])
+    except VcactlError as exc:
+        print(exc, file=out)
+        return 1
+    return 0
+
+
 def run(argv: list[str], fleet: Fleet, out=sys.stdout, sleep=time.sleep) -> int:
     if not argv:
         print(__doc__.strip(), file=out)
         return 1
-    verb, rest = argv[0], argv[1:]
+    if argv[0] == "blockio":
+        return _blockio(fleet, argv[1:], out)
+    return _node_verb(argv[0], argv[1:], fleet, out, sleep)
+
+
+def _node_verb(verb: str, rest: list[str], fleet: Fleet, out, sleep) -> int:
     timeout = 300.0
     if "--timeout" in rest:
         i = rest.index("--timeout")
@@ -175,10 +273,14 @@ def run(argv: list[str], fleet: Fleet, out=sys.stdout, sleep=time.sleep) -> int:
         return 0
     if verb in waits:
         return _wait(fleet, nodes, waits[verb], timeout, out=out, sleep=sleep)
+    image = next((a for a in rest if not a.isdigit()), None)
     rc = 0
     for n in nodes:
         try:
-            actions[verb](n)
+            if verb == "boot":
+                fleet.boot(n, image)
+            else:
+                actions[verb](n)
         except VcactlError as exc:
             print(exc, file=out)
             rc = 1
