@@ -1,0 +1,113 @@
+"""node_image on the small lab: the rollout, then a broken build rolled back.
+
+Runs in file order: the first tests look at what converge + idempotence left;
+test_broken_build_is_rolled_back then rolls out a build whose verifier fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import testinfra
+
+LAB = os.environ.get("VCA_LAB_NAME", "vcamolimg")
+STORE = "/var/lib/vcafleet/images"
+DISKS = "/var/lib/vcafleet/nodes"
+SCENARIO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def host():
+    return testinfra.get_host(f"docker://{LAB}-host")
+
+
+def node(name):
+    return testinfra.get_host(f"docker://{LAB}-{name}")
+
+
+def link(host, name):
+    return host.check_output(f"readlink {STORE}/{name} || true")
+
+
+def booted(name):
+    """The build id the simulated boot handed the node (read inside the node's container)."""
+    return json.loads(node(name).file("/var/lib/vcasim/booted/vca-image.json").content_string)["build_id"]
+
+
+def sim_state(host):
+    return json.loads(host.file("/var/lib/vcasim/vcactl.json").content_string)
+
+
+def disk_file(host, name, path):
+    """A file inside a node's disk image, read through partition 2 as the node would boot it."""
+    table = json.loads(host.check_output(f"sfdisk --json {DISKS}/{name}.img"))["partitiontable"]
+    offset = table["partitions"][1]["start"] * 512
+    return host.check_output(f"debugfs -R 'cat {path}' '{DISKS}/{name}.img?offset={offset}' 2>/dev/null")
+
+
+def test_candidate_passed_everywhere_and_is_good(host):
+    good = link(host, "good")
+    assert good and link(host, "candidate") == good
+    assert host.file(f"{STORE}/{good}/lab-tiny.img").exists
+    record = json.loads(host.file(f"{STORE}/{good}/lab-tiny.json").content_string)
+    assert record["build_id"] == good and len(record["sha256"]) == 64
+
+
+def test_each_live_node_booted_the_good_build_from_its_own_disk(host):
+    good = link(host, "good")
+    state = sim_state(host)
+    for name, key in (("vca-node0", "0:0"), ("vca-node1", "0:1")):
+        assert booted(name.replace("vca-", "")) == good
+        assert state[key]["blockio"] == f"{DISKS}/{name}.img"
+        assert state[key]["state"] in ("booting", "os_ready", "net_device_ready")
+        assert json.loads(host.file(f"{DISKS}/{name}.json").content_string)["build_id"] == good
+    assert not host.file(f"{DISKS}/vca-node3.img").exists, "the dead node got a disk"
+
+
+def test_per_node_overlay_is_inside_each_disk(host):
+    for name, ip in (("vca-node0", "172.31.1.1"), ("vca-node1", "172.31.2.1")):
+        assert disk_file(host, name, "/etc/hostname") == name
+        local = disk_file(host, name, "/etc/vca-node.local.conf")
+        assert f"HOSTNAME={name}" in local and "HOST_ADDRESS=" + ip.rsplit(".", 1)[0] + ".254" in local
+        assert f"address {ip}/24" in disk_file(host, name, "/etc/network/interfaces.d/eth0")
+    # the store's image itself stays generic
+    good = link(host, "good")
+    assert "HOSTNAME" not in host.check_output(
+        f"debugfs -R 'cat /etc/vca-node.conf' '{STORE}/{good}/lab-tiny.img?offset=2097152' 2>/dev/null")
+
+
+def test_broken_build_is_rolled_back(host):
+    good = link(host, "good")
+    node1_since = sim_state(host)["0:1"]["since"]
+    env = dict(os.environ)
+    inventory = Path(env["MOLECULE_INVENTORY_FILE"]).parent
+    broken = SCENARIO / "profiles" / "lab-tiny-broken.yml"
+    run = subprocess.run(
+        ["ansible-playbook", "-i", str(inventory), str(SCENARIO / "converge.yml"),
+         "-e", "node_image_profile=lab-tiny-broken",
+         "-e", json.dumps({"node_image_extra_profiles": [str(broken)]})],
+        capture_output=True, text=True, env=env, timeout=900, check=False)
+    out = run.stdout + run.stderr
+    assert run.returncode != 0, out[-3000:]
+    assert "vca-node0 failed build" in out and "free memory above the floor" in out, out[-3000:]
+    assert f"Rolled back to build {good} and booted it" in out, out[-3000:]
+
+    broken_id = link(host, "candidate")
+    assert broken_id and broken_id != good
+    assert host.file(f"{STORE}/{broken_id}/lab-tiny-broken.img").exists
+    # not promoted: the good build and its image are kept for the fleet
+    assert link(host, "good") == good, "a build that failed a node was promoted"
+    assert host.file(f"{STORE}/{good}/lab-tiny.img").exists
+    # node 0: back on the good build, booted from it, its failed disk gone
+    assert json.loads(host.file(f"{DISKS}/vca-node0.json").content_string)["build_id"] == good
+    assert booted("node0") == good
+    assert not host.file(f"{DISKS}/vca-node0.prev.img").exists
+    # node 1: never shut down, its disk untouched
+    state = sim_state(host)
+    assert state["0:1"]["since"] == node1_since, "the rollout went on past the failed node"
+    assert json.loads(host.file(f"{DISKS}/vca-node1.json").content_string)["build_id"] == good
+    assert booted("node1") == good
