@@ -229,7 +229,7 @@ def make_volatile(profile, rootfs, out):
     listing = "".join(n + "\0" for n in sorted(names)).encode()
     path = out / ("%s.volatile.cpio.gz" % profile["name"])
     log("$ cpio -o -H newc --reproducible | gzip -n > %s" % path)
-    with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
+    with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6) as gz:
         proc = subprocess.Popen(["cpio", "--quiet", "-o", "-H", "newc", "--reproducible", "--null"], cwd=rootfs,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         feeder = threading.Thread(target=lambda: (proc.stdin.write(listing), proc.stdin.close()))
