@@ -172,20 +172,32 @@ def sweep(runner, params, seed, reps, *, first=256, last=4096, step=128):
     the mean of its two neighbours is a cliff (the shipped kernel fell to 27 at
     multiples of 384 on the P580)."""
     figures = {}
-    for n in range(first, last + 1, step):
+
+    def measure_n(n):
         a, b = vca_gemm.random_operands(n, n, n, seed + n)
         rows, ref = reference_for(a, b, np.random.default_rng(n))
         run, result = runner.prepare(a, b, params)
         t, ok, _ = timed(run, result, rows, ref, reps)
-        figures[n] = vca_gemm.gflops(n, n, n, t) if ok else None
-        print("  N=%5d %8.1f%s" % (n, figures[n] or 0, "" if ok else " FAILED"), flush=True)
-    sizes = sorted(figures)
-    cliffs = []
-    for i in range(1, len(sizes) - 1):
-        around = (figures[sizes[i - 1]] or 0) + (figures[sizes[i + 1]] or 0)
-        if figures[sizes[i]] is None or figures[sizes[i]] < 0.75 * around / 2:
-            cliffs.append(sizes[i])
-    print("cliffs (more than 25%% below the neighbours' mean): %s" % (cliffs or "none"))
+        return vca_gemm.gflops(n, n, n, t) if ok else None
+
+    def find_cliffs():
+        sizes = sorted(figures)
+        return [sizes[i] for i in range(1, len(sizes) - 1)
+                if figures[sizes[i]] is None
+                or figures[sizes[i]] < 0.75 * ((figures[sizes[i - 1]] or 0) + (figures[sizes[i + 1]] or 0)) / 2]
+
+    for n in range(first, last + 1, step):
+        figures[n] = measure_n(n)
+        print("  N=%5d %8.1f%s" % (n, figures[n] or 0, "" if figures[n] else " FAILED"), flush=True)
+    # A shared machine's noise can fake a dip: a cliff must show again when the size and
+    # its neighbours are measured a second time (each keeps its better figure).
+    suspects = find_cliffs()
+    for n in sorted({m for c in suspects for m in (c - step, c, c + step)}):
+        again = measure_n(n)
+        print("  N=%5d %8.1f (again, was %.1f)" % (n, again or 0, figures[n] or 0), flush=True)
+        figures[n] = max(f for f in (figures[n], again) if f is not None) if (figures[n] or again) else None
+    cliffs = find_cliffs()
+    print("cliffs (more than 25%% below the neighbours' mean, twice): %s" % (cliffs or "none"))
     return figures, cliffs
 
 
@@ -250,7 +262,7 @@ def main():
         params, trials = ours_tiling(args, runner, min(n, 2048 if is_cpu else 4096))
         entry["ours_params"], entry["ours_trials"] = params, trials
         contenders = {"ours": runner.prepare(a, b, params)}
-        if n <= 4096:
+        if n <= (2048 if is_cpu else 4096):   # on PoCL one shipped run at 4096 takes minutes
             contenders["shipped"] = runner.prepare_shipped(a, b)
         if is_cpu:
             cl_params = clblast_params(args, pi, di, n, workdir)

@@ -164,27 +164,36 @@ void sgemm(const int M, const int N, const int K,
 #define A_AT(i, k) A[(row + (i)) * K + (k)]
 #define B_AT(j, k) VLOAD((k) * N + col + (j) * VW, B)
 #endif
+    // Fully unrolled, so that the accumulators are registers, not an array in
+    // memory: PoCL's compiler does not unroll these loops by itself. Not with
+    // KBARRIER: PoCL 3.1 keeps values that cross a barrier in memory anyway, and
+    // unrolled loops around one can abort its compiler (ParallelRegion assertion).
+#if KBARRIER
+#define UNROLL
+#else
+#define UNROLL _Pragma("unroll")
+#endif
     floatv acc[WPTM][WPTNV];
-    for (int i = 0; i < WPTM; i++)
-        for (int j = 0; j < WPTNV; j++)
+    UNROLL for (int i = 0; i < WPTM; i++)
+        UNROLL for (int j = 0; j < WPTNV; j++)
             acc[i][j] = (floatv)(0.0f);
     for (int k0 = 0; k0 < KEND; k0 += TK) {
         for (int k = k0; k < k0 + TK; k++) {
             floatv b[WPTNV];
-            for (int j = 0; j < WPTNV; j++)
+            UNROLL for (int j = 0; j < WPTNV; j++)
                 b[j] = B_AT(j, k);
-            for (int i = 0; i < WPTM; i++) {
+            UNROLL for (int i = 0; i < WPTM; i++) {
                 const floatv a = (floatv)(A_AT(i, k));
-                for (int j = 0; j < WPTNV; j++)
-                    acc[i][j] = mad(a, b[j], acc[i][j]);
+                UNROLL for (int j = 0; j < WPTNV; j++)
+                    acc[i][j] = fma(a, b[j], acc[i][j]);   // PoCL turns mad() into a multiply and an add
             }
         }
 #if KBARRIER
         barrier(CLK_LOCAL_MEM_FENCE);
 #endif
     }
-    for (int i = 0; i < WPTM; i++)
-        for (int j = 0; j < WPTNV; j++)
+    UNROLL for (int i = 0; i < WPTM; i++)
+        UNROLL for (int j = 0; j < WPTNV; j++)
             VSTORE(acc[i][j], (row + i) * N + col + j * VW, C);
 #endif
 }
