@@ -17,7 +17,9 @@ import testinfra
 
 LAB = os.environ.get("VCA_LAB_NAME", "vcamol")
 PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[3]))
-LIVE = [0, 1, 2, 4, 5]
+LIVE = [0, 4]
+# The scenario's own small-lab inventory (molecule links its group_vars to inventory/lab's).
+INVENTORY = Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent
 SYSFS = "/var/lib/vcasim/sys"
 LOCAL = testinfra.get_host("local://")
 
@@ -34,10 +36,7 @@ def test_dead_node_container_exists_but_is_stopped():
 def test_vcactl_reports_live_nodes_ready_and_node3_link_down():
     out = machine("host").check_output("vcactl status")
     states = dict(re.findall(r"Card: (\d+ Cpu: \d+)\s+STATE: (\S+)", out))
-    assert states == {
-        "0 Cpu: 0": "net_device_ready", "0 Cpu: 1": "net_device_ready", "0 Cpu: 2": "net_device_ready",
-        "1 Cpu: 0": "link_down", "1 Cpu: 1": "net_device_ready", "1 Cpu: 2": "net_device_ready",
-    }
+    assert states == {"0 Cpu: 0": "net_device_ready", "1 Cpu: 0": "link_down", "1 Cpu: 1": "net_device_ready"}
 
 
 @pytest.mark.parametrize("node", LIVE)
@@ -58,7 +57,7 @@ def test_live_node_simulator_runs_and_its_counters_move(node):
 
 def test_second_check_run_reports_no_changes():
     env = f"VCA_LAB_NAME={LAB} ANSIBLE_CONFIG={PROJECT}/ansible.cfg ANSIBLE_NOCOLOR=1 ANSIBLE_FORCE_COLOR=0"
-    out = LOCAL.check_output(f"cd {PROJECT} && {env} ansible-playbook -i inventory/lab site.yml --check")
+    out = LOCAL.check_output(f"cd {PROJECT} && {env} ansible-playbook -i {INVENTORY} site.yml --check --skip-tags image")
     recap = re.findall(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", out, re.M)
     assert recap, out
     assert all(changed == "0" and unreachable == "0" and failed == "0" for _, changed, unreachable, failed in recap)
@@ -69,7 +68,7 @@ def test_gemm_bench_runs_on_every_live_node_and_verifies(tmp_path):
     env = f"VCA_LAB_NAME={LAB} ANSIBLE_CONFIG={PROJECT}/ansible.cfg ANSIBLE_NOCOLOR=1"
     extra = ('{"vca_bench_sizes": [96], "vca_bench_both_seconds": 2, "vca_bench_tune_budget": 4, '
              f'"vca_bench_results_dir": "{results}"}}')
-    LOCAL.check_output(f"cd {PROJECT} && {env} ansible-playbook -i inventory/lab playbooks/bench/gemm.yml -e '{extra}'")
+    LOCAL.check_output(f"cd {PROJECT} && {env} ansible-playbook -i {INVENTORY} playbooks/bench/gemm.yml -e '{extra}'")
     (run,) = list(results.glob("gemm-*"))
     records = {p.stem: json.loads(p.read_text()) for p in run.glob("vca-node*.json")}
     assert sorted(records) == [f"vca-node{n}" for n in LIVE]

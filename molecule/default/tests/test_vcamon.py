@@ -1,4 +1,4 @@
-"""vcamon on the small lab: rows from every live node, down rows for node 3, status, page.
+"""vcamon in the whole-site converge on the small lab: rows from every live node, down rows for node 3, status, page.
 
 The lab's host is addressed as docker://<lab>-host (the lab name from VCA_LAB_NAME).
 """
@@ -12,7 +12,7 @@ import time
 import pytest
 import testinfra
 
-LAB = os.environ.get("VCA_LAB_NAME", "vcamolmon")
+LAB = os.environ.get("VCA_LAB_NAME", "vcamol")
 
 
 @pytest.fixture(scope="module")
