@@ -95,3 +95,12 @@ def test_recipe_follows_the_profile_and_its_overlays(pdir):
     assert second != first
     (pdir / "debian-12.yml").write_text((pdir / "debian-12.yml").read_text() + "verify: {mem_floor_mib: 512}\n")
     assert recipe(load("debian-12", pdir)) not in (first, second)
+
+
+def test_unset_kernel_dir_is_named(pdir, monkeypatch):
+    monkeypatch.delenv("VCA_KERNEL_DEBS", raising=False)
+    with pytest.raises(ProfileError, match=r"ubuntu-22.04.yml: kernel.debs_dir: .* names no directory"):
+        load("ubuntu-22.04", pdir)
+    monkeypatch.setenv("VCA_KERNEL_DEBS", "")
+    with pytest.raises(ProfileError, match=r"names no directory"):
+        load("ubuntu-22.04", pdir)

@@ -194,7 +194,11 @@ def _check_paths(profile, base, origin):
         for key in ("debs_dir", "version", "names"):
             if key not in kernel:
                 raise ProfileError("%s: kernel.%s is required when kernel.source is debs_dir" % (where, key))
-        debs = Path(os.path.expandvars(kernel["debs_dir"]))
+        expanded = os.path.expandvars(kernel["debs_dir"])
+        if not expanded.strip() or "$" in expanded:
+            raise ProfileError("%s: kernel.debs_dir: %r names no directory (is VCA_KERNEL_DEBS set? the "
+                               "node_image role sets it from node_image_kernel_debs_dir)" % (where, kernel["debs_dir"]))
+        debs = Path(expanded)
         if not debs.is_dir():
             raise ProfileError("%s: kernel.debs_dir: %s is not a directory (Intel's VCA kernel packages are not "
                                "ours to ship: put them there)" % (where, debs))
