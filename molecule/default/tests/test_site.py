@@ -57,7 +57,8 @@ def test_live_node_simulator_runs_and_its_counters_move(node):
 
 def test_second_check_run_reports_no_changes():
     env = f"VCA_LAB_NAME={LAB} ANSIBLE_CONFIG={PROJECT}/ansible.cfg ANSIBLE_NOCOLOR=1 ANSIBLE_FORCE_COLOR=0"
-    out = LOCAL.check_output(f"cd {PROJECT} && {env} ansible-playbook -i {INVENTORY} site.yml --check --skip-tags image")
+    site = f"ansible-playbook -i {INVENTORY} site.yml --check --skip-tags image"   # the image has its own scenario
+    out = LOCAL.check_output(f"cd {PROJECT} && {env} {site}")
     recap = re.findall(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", out, re.M)
     assert recap, out
     assert all(changed == "0" and unreachable == "0" and failed == "0" for _, changed, unreachable, failed in recap)
