@@ -17,7 +17,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import struct
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from pathlib import Path
 import yaml
 
 from .model import load_params
+from .vca_node_image import NodeImageError, root_partition_offset  # the host-side code's own reader
 
 CONFIG = Path(os.environ.get("VCASIM_VCACTL_CONFIG", "/etc/vcasim/vcactl.yml"))
 STATE = Path(os.environ.get("VCASIM_VCACTL_STATE", "/var/lib/vcasim/vcactl.json"))
@@ -161,23 +161,6 @@ class Fleet:
             raise VcactlError(f"ERROR: Card: {node['card']} Cpu: {node['cpu']} - link down")
 
 
-def root_partition_offset(disk: str) -> int:
-    """Byte offset of GPT partition 2 (the root file system vcablk0 boots)."""
-    with open(disk, "rb") as fh:
-        fh.seek(512)
-        header = fh.read(92)
-        if header[:8] != b"EFI PART":
-            raise ValueError(f"{disk}: no GPT")
-        entries_lba, count, size = struct.unpack_from("<QII", header, 72)
-        if count < 2:
-            raise ValueError(f"{disk}: no partition 2")
-        fh.seek(entries_lba * 512 + size)
-        first_lba = struct.unpack_from("<Q", fh.read(size), 32)[0]
-    if not first_lba:
-        raise ValueError(f"{disk}: partition 2 is empty")
-    return first_lba * 512
-
-
 def boot_from_disk(disk: str, out: Path) -> bool:
     """Read what a booting node would from its disk; False when it is not a bootable VCA image."""
     out.mkdir(parents=True, exist_ok=True)
@@ -185,7 +168,7 @@ def boot_from_disk(disk: str, out: Path) -> bool:
         os.unlink(out / name)
     try:
         target = f"{disk}?offset={root_partition_offset(disk)}"
-    except (OSError, ValueError):
+    except (OSError, NodeImageError):
         return False
     for path in BOOTED_FILES:
         with tempfile.NamedTemporaryFile(dir=out, delete=False) as tmp:
