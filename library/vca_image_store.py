@@ -55,10 +55,6 @@ previous:
   description: The previous good build_id afterwards.
   returned: always
   type: str
-candidate_image:
-  description: Path of the candidate's disk image.
-  returned: always
-  type: str
 builds:
   description: Every build_id in the store.
   returned: always

@@ -81,11 +81,15 @@ class ImageStore:
                 continue
         return found
 
-    def image(self, build_id):
-        record = self.builds().get(build_id)
-        if record is None:
+    def _stored(self, build_id):
+        """The stored builds, which must hold build_id."""
+        builds = self.builds()
+        if build_id not in builds:
             raise NodeImageError("%s: no build %s in the store" % (self.root, build_id))
-        return os.path.join(self.root, build_id, record["image"])
+        return builds
+
+    def image(self, build_id):
+        return os.path.join(self.root, build_id, self._stored(build_id)[build_id]["image"])
 
     def info(self):
         builds = self.builds()
@@ -93,10 +97,6 @@ class ImageStore:
         out["builds"] = sorted(builds)
         out["images"] = {b: os.path.join(self.root, b, r["image"]) for b, r in builds.items()}
         out["recipes"] = {r["recipe"]: b for b, r in builds.items() if "recipe" in r}
-        for name in LINKS:
-            bid = out[name]
-            out["%s_image" % name] = (os.path.join(self.root, bid, builds[bid]["image"])
-                                      if bid in builds else None)
         return out
 
     def add(self, src, check=False):
@@ -121,8 +121,7 @@ class ImageStore:
 
     def select(self, build_id, check=False):
         """Make an existing build the candidate; True when that changed the link."""
-        if build_id not in self.builds():
-            raise NodeImageError("%s: no build %s in the store" % (self.root, build_id))
+        self._stored(build_id)
         if self.link("candidate") == build_id:
             return False
         if not check:
@@ -131,9 +130,7 @@ class ImageStore:
 
     def promote(self, build_id, check=False):
         """build_id passed everywhere: it becomes good, the good before it previous; the rest is pruned."""
-        builds = self.builds()
-        if build_id not in builds:
-            raise NodeImageError("%s: no build %s in the store" % (self.root, build_id))
+        builds = self._stored(build_id)
         good = self.link("good")
         links = {"candidate": build_id, "good": build_id,
                  "previous": good if good and good != build_id else self.link("previous")}

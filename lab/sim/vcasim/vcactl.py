@@ -117,7 +117,7 @@ class Fleet:
         """blockio open|close for one node's vcablk0, as the real command takes them."""
         verb = args[0]
         if verb == "open":
-            if len(args) < 3 or args[1] != "vcablk0" or args[2] not in ("RW", "RO") or len(args) < 4:
+            if len(args) < 4 or args[1] != "vcablk0" or args[2] not in ("RW", "RO"):
                 raise VcactlError("usage: vcactl blockio open <card> <cpu> vcablk0 RW|RO <path>")
             if self.state(node) not in (*BOOTABLE, "power_off"):
                 raise VcactlError(f"ERROR: Card: {node['card']} Cpu: {node['cpu']} - cannot open blockio "
