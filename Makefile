@@ -8,7 +8,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_FORCE_COLOR ?= 0
 export PY_COLORS ?= 0
 
-.PHONY: lab lab-down report test lint unit molecule image-test bootstrap images venv clean
+.PHONY: lab lab-down report test lint unit molecule image-test fresh-check bootstrap preflight images venv clean
 
 $(VENV)/.installed: requirements.txt
 	python3 -m venv $(VENV)
@@ -21,11 +21,15 @@ venv: $(VENV)/.installed
 bootstrap:
 	scripts/bootstrap-host.sh
 
+# Every program the two commands run is here, or the missing ones are named with their package.
+preflight:
+	scripts/preflight.sh
+
 images: bootstrap
 	lab/image/build.sh >/dev/null
 
 # Build the simulated fleet, converge site.yml on it, print the fleet report.
-lab: bootstrap venv images
+lab: bootstrap preflight venv images
 	ansible-playbook playbooks/lab.yml -e state=present
 	ansible-playbook site.yml
 	ansible-playbook playbooks/report.yml
@@ -53,6 +57,11 @@ molecule: bootstrap venv images
 
 image-test: bootstrap venv
 	scripts/test-all.sh image
+
+# Bootstrap and unit tests in a throwaway container from a bare Debian rootfs: a
+# missing install step fails here, not on the next new machine.
+fresh-check: bootstrap
+	scripts/test-all.sh fresh
 
 clean:
 	rm -rf build .pytest_cache .ruff_cache

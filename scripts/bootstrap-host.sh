@@ -1,43 +1,31 @@
 #!/usr/bin/env bash
-# Make this (fresh Debian/Ubuntu, root) machine able to run the lab and the
-# tests: Python venv support and a running Docker engine. Idempotent.
+# Make this (fresh Debian/Ubuntu, root) machine able to run `make lab` and
+# `make test`: every package of scripts/host-packages.txt that is missing, then
+# a running Docker engine. Idempotent: a machine that has it all is not touched.
+# Usage: bootstrap-host.sh [GROUP...]   (default: every group; see host-packages.txt)
+# VCA_BOOTSTRAP_DOCKER=0 skips starting dockerd (a throwaway container cannot run one).
 set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+groups=${*:-lint unit molecule image lab}
 
-apt_updated=0
-apt_install() {
-    if [ "$apt_updated" = 0 ]; then apt-get update -qq; apt_updated=1; fi
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
-}
+missing=()
+while read -r package _ needed_by; do
+    for g in $groups; do
+        if [[ ",$needed_by," == *",$g,"* ]]; then
+            dpkg-query -W -f '${db:Status-Abbrev}' "$package" 2>/dev/null | grep -q '^ii' || missing+=("$package")
+            break
+        fi
+    done
+done < <(grep -Ev '^\s*(#|$)' "$here/host-packages.txt")
 
-if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
-    echo "bootstrap: installing python3-venv" >&2
-    apt_install python3-venv
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "bootstrap: installing ${missing[*]}" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# OpenCL on the CPU for the GEMM probe's tests, and a C compiler with OpenMP for its CPU SGEMM.
-if ! dpkg -s pocl-opencl-icd >/dev/null 2>&1 || ! command -v cc >/dev/null 2>&1; then
-    echo "bootstrap: installing pocl-opencl-icd and gcc" >&2
-    apt_install pocl-opencl-icd ocl-icd-libopencl1 gcc libgomp1
-fi
-
-# Headless Chromium: vcamon's page test takes a screenshot of the real charts.
-if ! command -v chromium >/dev/null 2>&1; then
-    echo "bootstrap: installing chromium" >&2
-    apt_install chromium
-fi
-
-# The node image builder and its QEMU boot test (image_builder/).
-if ! command -v mmdebstrap >/dev/null 2>&1 || ! command -v sfdisk >/dev/null 2>&1 \
-    || ! command -v debugfs >/dev/null 2>&1 || ! command -v qemu-system-x86_64 >/dev/null 2>&1; then
-    echo "bootstrap: installing mmdebstrap, fdisk, e2fsprogs and qemu-system-x86" >&2
-    apt_install mmdebstrap fdisk e2fsprogs qemu-system-x86
-fi
-
-if ! command -v dockerd >/dev/null 2>&1; then
-    echo "bootstrap: installing docker.io" >&2
-    apt_install docker.io
-fi
-
+[[ " $groups " == *" molecule "* || " $groups " == *" lab "* ]] || exit 0
+[ "${VCA_BOOTSTRAP_DOCKER:-1}" = 1 ] || exit 0
 if ! docker info >/dev/null 2>&1; then
     if [ -d /run/systemd/system ]; then
         systemctl start docker

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Runs every check `make test` promises and prints one summary line per step.
-# Steps: yamllint, ansible-lint, ruff, pytest (tests/, then apps/vcamon/tests), each molecule
-# scenario, then the node image (two builds bit-identical, a QEMU boot).
-# With arguments, only those groups run: lint, unit, molecule, image.
+# Steps: yamllint, ansible-lint, ruff, pytest (tests/, then apps/vcamon/tests), the install
+# steps proved in a throwaway bare-Debian container (fresh), each molecule scenario, then
+# the node image (two builds bit-identical, a QEMU boot).
+# With arguments, only those groups run: lint, unit, fresh, molecule, image.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-groups=${*:-lint unit molecule image}
-VCA_LAB_IMAGE=$(lab/image/build.sh)
-export VCA_LAB_IMAGE
+groups=${*:-lint unit fresh molecule image}
+scripts/preflight.sh ${groups/fresh/molecule} || exit 1
 
 results=()
 failed=0
@@ -35,6 +35,8 @@ for g in $groups; do
         step vcamon-tests pytest -q apps/vcamon/tests
         ;;
     molecule)
+        VCA_LAB_IMAGE=$(lab/image/build.sh) || exit 1
+        export VCA_LAB_IMAGE
         for scenario in $(ls molecule/*/molecule.yml | xargs -n1 dirname | xargs -n1 basename | sort); do
             step "molecule:$scenario" molecule -c molecule/base.yml test -s "$scenario"
         done
@@ -42,7 +44,10 @@ for g in $groups; do
     image)
         step image scripts/image-test.sh
         ;;
-    *) echo "unknown group $g (lint, unit, molecule, image)" >&2; exit 2 ;;
+    fresh)
+        step fresh-machine scripts/fresh-check.sh
+        ;;
+    *) echo "unknown group $g (lint, unit, fresh, molecule, image)" >&2; exit 2 ;;
     esac
 done
 

@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import time
 
-import pytest
-
 from vca_image import build
 from vca_image.cli import verify_image
-
-pytestmark = pytest.mark.skipif(not all(shutil.which(t) for t in ("sfdisk", "mke2fs", "debugfs")),
-                                reason="needs fdisk and e2fsprogs (scripts/bootstrap-host.sh installs them)")
 
 PROFILE = {"name": "tiny", "image": {"size_mib": 64, "fs_uuid": "2d1bd8b4-7c1e-4f5a-9a63-0c5f0e0a2b01",
                                      "hash_seed": "6a1f3c52-9b0e-4d27-8e44-3f1d2c7b9a10",

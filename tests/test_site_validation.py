@@ -36,6 +36,9 @@ def edit_hosts(inv: Path, change) -> None:
 
 
 def site(inv: Path, *extra: str) -> subprocess.CompletedProcess:
+    # Local connection for every host: these runs validate and must never reach a machine
+    # (the lab's docker connection would also need a Docker CLI on a machine that has none).
+    extra = ("-e", "ansible_connection=local", *extra)
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                VCA_LAB_NAME="vcafleet-nonexistent")
     bindir = Path(sys.executable).parent

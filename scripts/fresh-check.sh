@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Prove the install steps the way CI cannot: in a throwaway container made from a
+# bare Debian bookworm rootfs (mmdebstrap minbase: no python3, no make, no
+# compiler), run scripts/bootstrap-host.sh and then the unit tests, on a copy
+# of this checkout as a commit would carry it (tracked and untracked-not-ignored
+# files). A package the code needs and host-packages.txt does not list fails here.
+# Docker itself is not exercised inside (a container cannot run dockerd here):
+# molecule and the lab prove that part on the machine itself.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mirror=${VCA_LAB_MIRROR:-http://deb.debian.org/debian}
+hash=$(printf 'minbase bookworm %s' "$mirror" | sha256sum | cut -c1-12)
+tag="vcafleet-bare:$hash"
+if ! docker image inspect "$tag" >/dev/null 2>&1; then
+    echo "fresh-check: building $tag (bare bookworm minbase)" >&2
+    mmdebstrap --variant=minbase --format=tar --quiet bookworm - "$mirror" \
+        | docker import --change 'ENV DEBIAN_FRONTEND=noninteractive' - "$tag" >&2
+fi
+
+name="vcafleet-fresh-$$"
+trap 'docker rm -f "$name" >/dev/null 2>&1 || true' EXIT
+# The machine's trust store goes in as a file of its own: pip's index may sit
+# behind this workplace's TLS proxy, whose CA a bare rootfs does not know.
+docker create --name "$name" \
+    -v /etc/ssl/certs/ca-certificates.crt:/etc/vcafleet-host-ca.crt:ro \
+    -v /var/cache/vcafleet/apt-archives:/var/cache/apt/archives \
+    -e PIP_CERT=/etc/vcafleet-host-ca.crt -e SSL_CERT_FILE=/etc/vcafleet-host-ca.crt \
+    -e VCA_BOOTSTRAP_DOCKER=0 -e CI="${CI:-}" \
+    -w /src "$tag" bash -euo pipefail -c '
+        rm -f /etc/apt/apt.conf.d/docker-clean   # keep downloads in the shared archive cache
+        scripts/bootstrap-host.sh lint unit
+        scripts/preflight.sh lint unit
+        make unit' >/dev/null
+git ls-files -z --cached --others --exclude-standard \
+    | tar --null -T - --transform 's,^,src/,SH' -cf - | docker cp - "$name:/"
+docker start -a "$name"
