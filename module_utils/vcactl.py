@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-# Every state string the VCA 2.3.26 driver defines (vca_common.h), by class.
+# Every state string the VCA 2.3.26 driver defines (the VCA_*_TEXT of vca_common.h), by class.
 STATES = {
     "link_down": "dead",
     "bios_down": "off",
@@ -13,7 +13,6 @@ STATES = {
     "powering_down": "transition",
     "bios_up": "bios",
     "bios_ready": "bios",
-    "bios_done": "bios",
     "flashing": "transition",
     "resetting": "transition",
     "booting": "transition",

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import stat
+from pathlib import Path
 
 import pytest
 from ansible.module_utils.vcactl import STATES, parse_status
@@ -12,6 +14,9 @@ from ansible.module_utils.vcactl import STATES, parse_status
 from conftest import run_module
 from vcasim.vcactl import Fleet, run
 
+# The driver's own state strings, from its header (tests/fixtures/vca-driver), not from our table.
+DRIVER_HEADER = Path(__file__).parent / "fixtures/vca-driver/modules/vca/common/vca_common.h"
+DRIVER_STATES = tuple(dict.fromkeys(re.findall(r'^#define VCA_\w+_TEXT "(\w+)"', DRIVER_HEADER.read_text(), re.M)))
 TIMING = {"boot_s": 2.0, "net_s": 1.0, "reset_s": 1.0, "shutdown_s": 1.0}
 CONFIG = {"nodes": [{"card": c, "cpu": p, "dead": (c, p) == (1, 0), "initial": "bios_up"}
                     for c in (0, 1) for p in (0, 1, 2)]}
@@ -36,10 +41,14 @@ def fleet():
     return Fleet(CONFIG, {}, TIMING, clock=Clock())
 
 
+def test_the_state_table_is_the_drivers():
+    assert set(STATES) == set(DRIVER_STATES)
+
+
 def test_every_driver_state_parses_with_its_class():
-    text = "\n".join(f"Card: {i // 3} Cpu: {i % 3}  STATE: {s}" for i, s in enumerate(STATES))
+    text = "\n".join(f"Card: {i // 3} Cpu: {i % 3}  STATE: {s}" for i, s in enumerate(DRIVER_STATES))
     records = parse_status(text)
-    assert [r["state"] for r in records] == list(STATES)
+    assert [r["state"] for r in records] == list(DRIVER_STATES)
     assert all(r["known"] for r in records)
     assert records[0] == {"node": 0, "card": 0, "cpu": 0, "state": "link_down", "state_class": "dead",
                           "known": True, "link": "down"}
@@ -122,14 +131,14 @@ def test_vca_status_module_fails_clearly_when_vcactl_fails(tmp_path, capsys):
 
 
 def test_vca_status_reads_every_sysfs_state_through_the_safe_reader(tmp_path, capsys):
-    for i, state in enumerate(STATES):
+    for i, state in enumerate(DRIVER_STATES):
         (tmp_path / f"class/vca/vca{i}").mkdir(parents=True)
         (tmp_path / f"class/vca/vca{i}/state").write_text(state + "\n")
     (tmp_path / "class/vca/vcaX").mkdir()
     (tmp_path / "class/vca/vcaX/state").write_text("brand_new_state\n")
     result = run_module("vca_status", {"use_vcactl": False, "sysfs_root": str(tmp_path)}, capsys)
     facts = result["ansible_facts"]["vca_sysfs_state"]
-    assert {f["state"] for k, f in facts.items() if k != "vcaX"} == set(STATES)
+    assert {f["state"] for k, f in facts.items() if k != "vcaX"} == set(DRIVER_STATES)
     assert all(f["known"] for k, f in facts.items() if k != "vcaX")
     assert facts["vcaX"] == {"state": "brand_new_state", "state_class": "unknown", "known": False}
     assert result["ansible_facts"]["vca_node_status"] == {}
