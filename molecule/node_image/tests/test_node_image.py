@@ -42,11 +42,15 @@ def sim_state(host):
     return json.loads(host.file("/var/lib/vcasim/vcactl.json").content_string)
 
 
-def disk_file(host, name, path):
-    """A file inside a node's disk image, read through partition 2 as the node would boot it."""
-    table = json.loads(host.check_output(f"sfdisk --json {DISKS}/{name}.img"))["partitiontable"]
-    offset = table["partitions"][1]["start"] * 512
-    return host.check_output(f"debugfs -R 'cat {path}' '{DISKS}/{name}.img?offset={offset}' 2>/dev/null")
+def root_fs(host, image):
+    """debugfs's name for partition 2 of a disk image, the root file system a node boots."""
+    table = json.loads(host.check_output(f"sfdisk --json {image}"))["partitiontable"]
+    return f"{image}?offset={table['partitions'][1]['start'] * 512}"
+
+
+def disk_file(host, image, path):
+    """A file inside a disk image's partition 2, as the node would boot it."""
+    return host.check_output(f"debugfs -R 'cat {path}' '{root_fs(host, image)}' 2>/dev/null")
 
 
 def test_candidate_passed_everywhere_and_is_good(host):
@@ -70,14 +74,17 @@ def test_each_live_node_booted_the_good_build_from_its_own_disk(host):
 
 def test_per_node_overlay_is_inside_each_disk(host):
     for name, ip in (("vca-node0", "172.31.1.1"), ("vca-node1", "172.31.2.1")):
-        assert disk_file(host, name, "/etc/hostname") == name
-        local = disk_file(host, name, "/etc/vca-node.local.conf")
+        disk = f"{DISKS}/{name}.img"
+        assert disk_file(host, disk, "/etc/hostname") == name
+        local = disk_file(host, disk, "/etc/vca-node.local.conf")
         assert f"HOSTNAME={name}" in local and "HOST_ADDRESS=" + ip.rsplit(".", 1)[0] + ".254" in local
-        assert f"address {ip}/24" in disk_file(host, name, "/etc/network/interfaces.d/eth0")
-    # the store's image itself stays generic
-    good = link(host, "good")
-    assert "HOSTNAME" not in host.check_output(
-        f"debugfs -R 'cat /etc/vca-node.conf' '{STORE}/{good}/lab-tiny.img?offset=2097152' 2>/dev/null")
+        assert f"address {ip}/24" in disk_file(host, disk, "/etc/network/interfaces.d/eth0")
+    # the store's image itself stays generic: the builder's files, and no per-node overlay
+    image = f"{STORE}/{link(host, 'good')}/lab-tiny.img"
+    assert disk_file(host, image, "/etc/hostname") == "vca-node"
+    assert "IFACE=eth0" in disk_file(host, image, "/etc/vca-node.conf")
+    local = host.run(f"debugfs -R 'cat /etc/vca-node.local.conf' '{root_fs(host, image)}'")
+    assert local.stdout == "" and "File not found by ext2_lookup" in local.stderr, local.stdout
 
 
 def test_broken_build_is_rolled_back(host):

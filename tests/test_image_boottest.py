@@ -1,0 +1,105 @@
+"""vca-image boot-test: the verifier's TAP as it comes back on the serial console, judged against its plan."""
+
+from __future__ import annotations
+
+import json
+
+from vca_image import boottest, cli
+from vca_image.boottest import parse_tap, tap_problems
+
+# vca-node-verify's output on a QEMU boot of a full image (no VCA hardware: five SKIPs).
+VERIFIER = """\
+TAP version 13
+1..27
+ok 1 - kernel version is the image's # running 6.1.0-41-amd64, image has 6.1.0-41-amd64
+ok 2 - VCA modules loaded # SKIP no VCA node drivers (/sys/class/vca absent): not VCA hardware
+ok 3 - /sys/class/vca/vca/state is os_ready # SKIP no VCA node drivers (/sys/class/vca absent): not VCA hardware
+ok 4 - net.ifnames=0 on the kernel command line # root=/dev/vda2 rw console=ttyS0 printk.devkmsg=on net.ifnames=0
+ok 5 - eth0 present # eth0
+ok 6 - eth0 MTU # mtu 65521, want 65521
+ok 7 - eth0 has an IPv4 address # 2: eth0    inet 10.0.2.15/24 brd 10.0.2.255 scope global dynamic eth0
+ok 8 - hostname set (the inventory's, where the overlay names it) # vca-node
+ok 9 - route to the host via eth0 # 10.0.2.2 dev eth0 src 10.0.2.15 uid 0
+ok 10 - default route through the host # default via 10.0.2.2 dev eth0
+ok 11 - DNS: a nameserver is configured # 10.0.2.3
+ok 12 - DNS answers through it # 10.0.2.3 answered (rcode 3)
+ok 13 - time sync enabled (systemd-timesyncd) # enabled
+ok 14 - sshd running # active
+ok 15 - sshd host key present # /etc/ssh/ssh_host_ed25519_key
+ok 16 - fleet keys authorised # 1 users
+ok 17 - OpenCL ICD registered # /etc/OpenCL/vendors/pocl.icd
+ok 18 - OpenCL device visible #  `-- Device #0: cpu-haswell-QEMU TCG CPU version 2.5+
+ok 19 - Iris Pro P580 with 72 compute units # SKIP no GPU render node (/dev/dri): not VCA hardware
+ok 20 - CPU governor is performance # SKIP no cpufreq (a virtual CPU): not VCA hardware
+ok 21 - coretemp sensors visible # SKIP no coretemp hwmon (a virtual CPU): not VCA hardware
+ok 22 - free memory above the floor # 1203 MiB available, floor 256
+ok 23 - root file system writable, with room # 2741 MiB free
+ok 24 - journal has no errors from the VCA modules # none
+ok 25 - no failed systemd units # none
+ok 26 - lm-sensors installed # /usr/bin/sensors
+ok 27 - probe prerequisites (gcc, NumPy) # numpy 1.24.2, gcc /usr/bin/gcc
+# summary {"total": 27, "pass": 22, "fail": 0, "skip": 5, "hardware": false}
+""".splitlines()
+
+
+def console(verifier_lines, kernel_lines=()):
+    """A serial console log: boot noise, the verifier's lines as kernel messages, power-off."""
+    lines = ["[    0.000000] Linux version 6.1.0-41-amd64 (debian-kernel@lists.debian.org) #1 SMP PREEMPT_DYNAMIC",
+             "[  OK  ] Finished vca-node-verify.service - vca-node-verify: is this node fit for service.",
+             "         Starting vca-boottest.service - CI boot test: run vca-node-verify to the kernel log...\r"]
+    lines += ["[%12.6f] vca-node-verify: %s\r" % (9.5 + i / 1000, line) for i, line in enumerate(verifier_lines)]
+    lines += [*kernel_lines, "[   10.131005] reboot: Power down"]
+    return "\n".join(lines) + "\n"
+
+
+def test_a_complete_run_passes_with_its_skips_counted():
+    plan, results = parse_tap(console(VERIFIER))
+    assert plan == 27 and [r["n"] for r in results] == list(range(1, 28))
+    skips = [r for r in results if r["status"] == "skip"]
+    assert [r["n"] for r in skips] == [2, 3, 19, 20, 21]
+    assert skips[0]["detail"] == "no VCA node drivers (/sys/class/vca absent): not VCA hardware"
+    assert results[5] == {"n": 6, "name": "eth0 MTU", "status": "pass", "detail": "mtu 65521, want 65521"}
+    assert tap_problems(plan, results) == []
+
+
+def test_a_run_cut_by_the_kmsg_rate_limit_fails():
+    # devkmsg's default limit: a burst of 10 lines (TAP version, plan, 8 results), the rest dropped
+    cut = console(VERIFIER[:10], ["[    9.512873] printk: vca-node-verify: 19 output lines suppressed due to "
+                                  "ratelimiting"])
+    plan, results = parse_tap(cut)
+    assert (plan, len(results)) == (27, 8)
+    assert tap_problems(plan, results) == ["27 checks planned, 8 came"]
+
+
+def test_results_without_a_plan_fail():
+    plan, results = parse_tap(console(VERIFIER[:1] + VERIFIER[2:]))
+    assert plan is None and len(results) == 27
+    assert tap_problems(plan, results) == ["no TAP plan (1..N) on the console; 27 checks came"]
+    assert tap_problems(*parse_tap("")) == ["no TAP plan (1..N) on the console; 0 checks came"]
+
+
+def test_one_not_ok_fails_and_is_named():
+    lines = [line.replace("ok 22 - free memory above the floor # 1203", "not ok 22 - free memory above the floor # 180")
+             for line in VERIFIER]
+    plan, results = parse_tap(console(lines))
+    assert results[21] == {"n": 22, "name": "free memory above the floor", "status": "fail",
+                           "detail": "180 MiB available, floor 256"}
+    assert tap_problems(plan, results) == ["not ok: 22 free memory above the floor"]
+
+
+def test_boot_test_boots_with_devkmsg_on_and_fails_a_cut_run(tmp_path, monkeypatch, capsys):
+    (tmp_path / "lab-tiny.json").write_text(json.dumps({"build_id": "0123456789abcdef", "image": "lab-tiny.img"}))
+    commands = []
+
+    def qemu(cmd, **_):
+        commands.append(cmd)
+        log = next(a for a in cmd if a.startswith("file:"))[len("file:"):]
+        with open(log, "w") as fh:
+            fh.write(console(VERIFIER[:10]))
+
+    monkeypatch.setattr(boottest.shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.setattr(boottest.subprocess, "run", qemu)
+    assert cli.main(["boot-test", str(tmp_path)]) == 1
+    assert "printk.devkmsg=on" in commands[0][commands[0].index("-append") + 1].split()
+    out, err = capsys.readouterr()
+    assert "8 of 27 checks" in out and "boot test failed: 27 checks planned, 8 came" in err
