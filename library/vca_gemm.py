@@ -12,7 +12,12 @@ description:
   - Timing is the median of at least 5 runs after a warm-up, with the spread, and
     CPU time against wall time so that a run on a shared host is flagged C(noisy).
   - Runs under the thermal guard; a probe stopped by it returns C(aborted=thermal)
-    and the temperature seen, never a figure.
+    and the temperature seen, never a figure. Without a coretemp sensor the guard
+    is blind, and the probe fails before it loads the node unless the platform is
+    C(lab) or O(allow_no_sensor) is set.
+  - The record's C(platform) is C(hardware) only on VCA evidence found under
+    O(sysfs_root) (see M(vca_sensors)); figures on an C(unknown) platform are
+    reported with C(platform=unknown), never as hardware figures.
   - OpenCL tiling comes from O(params), else the tuning cache, else an autotuning
     search (random sampling plus local refinement, every candidate verified) whose
     winner is cached per device, driver and N class.
@@ -83,6 +88,13 @@ options:
     description: Stop before the hottest core reaches this.
     type: float
     default: 90
+  allow_no_sensor:
+    description:
+      - Run without a coretemp sensor on a platform that is not C(lab), where nothing can stop
+        the probe before the node overheats. The record's C(thermal) then says
+        C(sensor=absent) and C(allow_no_sensor=true).
+    type: bool
+    default: false
   seed:
     description: Seed of the random operands.
     type: int
@@ -102,7 +114,8 @@ EXAMPLES = r"""
 
 RETURN = r"""
 record:
-  description: device, backend, kernel, params, platform (lab|hardware), tuning, thermal guard,
+  description: device, backend, kernel, params, platform (lab|hardware|unknown) and the
+    platform_evidence it rests on, tuning, thermal guard (limit, max seen, sensor, allow_no_sensor),
     and per size the GFLOP/s, timing (median, spread, cpu_per_wall, noisy) and verification
     (max_rel_error, wrong elements, tolerance).
   returned: unless the probe failed
@@ -126,9 +139,9 @@ from ansible.module_utils.vca_gemm import (
     measure,
     random_operands,
 )
-from ansible.module_utils.vca_sensors import platform
+from ansible.module_utils.vca_sensors import platform_evidence, platform_label
 from ansible.module_utils.vca_sysfs import Sysfs
-from ansible.module_utils.vca_thermal import ThermalAbort, ThermalGuard
+from ansible.module_utils.vca_thermal import NoThermalSensor, ThermalAbort, ThermalGuard
 
 PARAM_KEYS = ("TM", "TN", "TK", "WPTM", "WPTN", "VW", "LMEM", "KBARRIER")
 OPTIONAL_PARAM_KEYS = ("PF", "PACK")   # the kernel defaults them to 0
@@ -175,7 +188,7 @@ def tiling(module, runner, n_max, guard):
             _, t = measure(run, result, ref, repetitions=2, guard=guard)
         except VerificationFailed:
             return None
-        except ThermalAbort:
+        except (ThermalAbort, NoThermalSensor):
             raise
         except Exception:  # a tiling the compiler or device refuses is simply not a candidate
             return None
@@ -229,6 +242,7 @@ def main():
             cache_path=dict(type="path", default="/var/cache/vcafleet/gemm-tuning.json"),
             sysfs_root=dict(type="path", default="/sys"),
             thermal_limit_c=dict(type="float", default=90),
+            allow_no_sensor=dict(type="bool", default=False),
             seed=dict(type="int", default=20260928),
         ),
         supports_check_mode=True,
@@ -240,9 +254,12 @@ def main():
         module.fail_json(msg="sizes must be positive, got %s" % p["sizes"])
 
     runner, threads = make_runner(module)
+    evidence = platform_evidence(Sysfs(p["sysfs_root"]))
     record = {"backend": p["backend"], "kernel": p["kernel"] if p["backend"] == "opencl" else "vca_sgemm",
-              "device": runner.describe(), "platform": platform(Sysfs(p["sysfs_root"])), "results": []}
-    guard = ThermalGuard(p["sysfs_root"], p["thermal_limit_c"])
+              "device": runner.describe(), "platform": platform_label(evidence), "platform_evidence": evidence,
+              "results": []}
+    guard = ThermalGuard(p["sysfs_root"], p["thermal_limit_c"], platform=record["platform"],
+                         allow_no_sensor=p["allow_no_sensor"])
     try:
         with guard:
             if p["backend"] == "opencl" and p["kernel"] == "tuned":
@@ -261,7 +278,10 @@ def main():
                                           "timing": timing, "verification": verification})
     except ThermalAbort as exc:
         module.exit_json(changed=False, aborted="thermal", temperature_c=exc.temperature_c, limit_c=exc.limit_c,
-                         msg=str(exc), thermal=guard.record())
+                         msg=str(exc), thermal=guard.record(), platform=record["platform"])
+    except NoThermalSensor as exc:
+        module.fail_json(msg="%s; sysfs_root %s" % (exc, p["sysfs_root"]), thermal=guard.record(),
+                         platform=record["platform"], platform_evidence=evidence)
     except VerificationFailed as exc:
         module.fail_json(msg="GEMM result is wrong, no figure reported: %s" % exc, verification=exc.verification,
                          device=record["device"], params=record.get("params"))

@@ -11,7 +11,13 @@ description:
     shared safe sysfs reader rooted at O(sysfs_root).
   - Package power is measured from two energy readings O(sample_seconds) apart,
     modulo the counter range so that a wrap is not a negative spike.
-  - C(platform) is C(hardware) only when a real coretemp driver backs the sensors.
+  - C(platform) is C(hardware) only on VCA evidence found under O(sysfs_root): on a
+    node C(class/vca) together with the Xeon E3-1585L v5 (C(model name) in
+    C(/proc/cpuinfo)) or the Iris Pro P580 (PCI 8086:193a under C(bus/pci/devices));
+    on the host the PCI functions the plx87xx driver binds (PLX 10b5:87a0/87a1/87b0/87b1,
+    Intel 8086:2953-2956/2958-295a). It is C(lab) where the simulator's marker file
+    C(vcasim) sits at the tree's root, and C(unknown) otherwise: a coretemp driver
+    alone proves nothing. C(platform_evidence) says what was found.
   - Read-only; never changes anything.
 options:
   sysfs_root:
@@ -34,7 +40,8 @@ EXAMPLES = r"""
 
 RETURN = r"""
 sensors:
-  description: platform, temperatures_c, package_temp_c, hottest_core_c, package_power_w,
+  description: platform (lab|hardware|unknown), platform_evidence (lab_marker, class_vca, cpu_model,
+    p580, vca_pci), temperatures_c, package_temp_c, hottest_core_c, package_power_w,
     limits (by constraint name, watts and seconds), rapl_enabled, throttle (core and package counters).
   returned: always
   type: dict

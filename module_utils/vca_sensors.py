@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: MIT
-"""Node sensors through vca_sysfs: coretemp, RAPL package energy and limits, throttle counters."""
+"""Node sensors through vca_sysfs: coretemp, RAPL package energy and limits, throttle counters,
+and the platform label (lab, hardware or unknown) from the VCA evidence found."""
 
 from __future__ import annotations
 
-import os
 import time
 
 from .vca_sysfs import Sysfs
@@ -105,22 +105,90 @@ def throttle_counts(sysfs):
     return {"core": cores, "package": packages}
 
 
-def platform(sysfs):
-    """'hardware' only when a real coretemp driver backs the sensors; the lab tree has none."""
-    for _, base in coretemp_dirs(sysfs):
-        driver = os.path.join(sysfs.root, base, "device", "driver")
-        if os.path.islink(driver) and os.path.basename(os.readlink(driver)) == "coretemp":
-            return "hardware"
-    return "lab"
+LAB_MARKER = "vcasim"   # lab/sim/vcasim/tree.py SysfsTree.create() writes it at the tree's root
+XEON_E3_1585L_V5 = "E3-1585L v5"
+# Iris Pro P580 (SKL SRV GT4e): Linux i915_pciids.h INTEL_SKL_GT4_IDS, Intel compute-runtime's device table.
+P580_PCI_ID = (0x8086, 0x193A)
+# The PCI IDs plx87xx binds (plx_pci_tbl in modules/vca/plx87xx/plx_main.c, values in plx_hw.h, of
+# Intel's VCA driver as published in OpenVisualCloud/VCAC-SW). tests/fixtures/vca-driver has none:
+# its table is empty on purpose. The VCA's own Intel functions (card upstream 2953, node NT
+# endpoints 2954-2956, CPU upstream 2958-295A) are the evidence; the PLX NT port IDs
+# 87A0/87A1/87B0/87B1 are PLX's generic ones, found on other switches too, so they are listed
+# as evidence but never prove a VCA on their own.
+VCA_PCI_IDS = frozenset((0x8086, d) for d in (0x2953, 0x2954, 0x2955, 0x2956, 0x2958, 0x2959, 0x295A))
+PLX_NT_PCI_IDS = frozenset((0x10B5, d) for d in (0x87A0, 0x87A1, 0x87B0, 0x87B1))
+PCI_DEVICES = "bus/pci/devices"
 
 
-def read_all(root="/sys", sample_seconds=1.0):
+def _pci_id(sysfs, dev):
+    try:
+        return (int(sysfs.read("%s/%s/vendor" % (PCI_DEVICES, dev)), 16),
+                int(sysfs.read("%s/%s/device" % (PCI_DEVICES, dev)), 16))
+    except (OSError, ValueError):
+        return None
+
+
+def cpu_model(proc_root="/proc"):
+    """The first 'model name' of <proc_root>/cpuinfo, or None. sysfs has no stable place for it."""
+    text = Sysfs(proc_root).read_optional("cpuinfo") or ""
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == "model name":
+            return value.strip()
+    return None
+
+
+def platform_evidence(sysfs, proc_root="/proc"):
+    """What the tree shows about the machine: the lab marker, /sys/class/vca, the CPU model,
+    the P580, the VCA's PCI functions and PLX NT ports (as 'address vendor:device')."""
+    p580, vca_pci, plx_nt = [], [], []
+    for dev in sysfs.listdir(PCI_DEVICES):
+        pci_id = _pci_id(sysfs, dev)
+        if pci_id == P580_PCI_ID:
+            p580.append(dev)
+        elif pci_id in VCA_PCI_IDS:
+            vca_pci.append("%s %04x:%04x" % (dev, *pci_id))
+        elif pci_id in PLX_NT_PCI_IDS:
+            plx_nt.append("%s %04x:%04x" % (dev, *pci_id))
+    return {
+        "lab_marker": sysfs.read_optional(LAB_MARKER),
+        "class_vca": sysfs.exists("class/vca"),
+        "cpu_model": cpu_model(proc_root),
+        "p580": p580,
+        "vca_pci": vca_pci,
+        "plx_nt": plx_nt,
+    }
+
+
+def platform_label(evidence):
+    """'lab', 'hardware' or 'unknown' from platform_evidence(); a coretemp driver alone proves nothing.
+
+    The marker wins: nobody can create a file in the kernel's sysfs, so a tree that holds one is
+    not it. /sys/class/vca alone is not enough: a VCA 1 node has it too, with another CPU and GPU.
+    """
+    if evidence["lab_marker"] is not None:
+        return "lab"
+    if evidence["vca_pci"]:
+        return "hardware"
+    node_cpu = XEON_E3_1585L_V5 in (evidence["cpu_model"] or "")
+    if evidence["class_vca"] and (node_cpu or evidence["p580"]):
+        return "hardware"
+    return "unknown"
+
+
+def platform(sysfs, proc_root="/proc"):
+    return platform_label(platform_evidence(sysfs, proc_root))
+
+
+def read_all(root="/sys", sample_seconds=1.0, proc_root="/proc"):
     sysfs = Sysfs(root)
+    evidence = platform_evidence(sysfs, proc_root)
     temps = coretemp(sysfs)
     zone = rapl_package_zone(sysfs)
     cores = [v for k, v in temps.items() if k.startswith("Core")]
     result = {
-        "platform": platform(sysfs),
+        "platform": platform_label(evidence),
+        "platform_evidence": evidence,
         "sysfs_root": sysfs.root,
         "temperatures_c": temps,
         "package_temp_c": temps.get("Package id 0"),

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 
 import numpy as np
+import pyopencl
 import pytest
 from ansible.module_utils.vca_autotune import SPACE, Tuner, cache_key, valid
-from ansible.module_utils.vca_gemm import OpenCLRunner, Reference, random_operands, timing, tolerance
+from ansible.module_utils.vca_gemm import (
+    OpenCLRunner,
+    Reference,
+    VerificationFailed,
+    measure,
+    random_operands,
+    timing,
+    tolerance,
+)
+from ansible.module_utils.vca_sensors import LAB_MARKER
 from ansible.module_utils.vca_thermal import ThermalAbort, ThermalGuard
 
 from conftest import ROOT, run_module
@@ -22,12 +31,19 @@ SMALL_LMEM = dict(TM=16, TN=16, TK=8, WPTM=2, WPTN=2, VW=1, LMEM=1, KBARRIER=0)
 SMALL_PREFETCH = dict(TM=24, TN=16, TK=8, WPTM=4, WPTN=2, VW=1, LMEM=1, KBARRIER=0, PF=1)
 SMALL_PACKED = dict(SMALL_CPU, PACK=1)
 
-pyopencl = pytest.importorskip("pyopencl")
+
+
+def lab_root(tmp_path):
+    """A lab tree without sensors: the marker alone, so the guard lets a blind probe run."""
+    root = tmp_path / "nosys"
+    root.mkdir(exist_ok=True)
+    (root / LAB_MARKER).write_text("test tree\n")
+    return str(root)
 
 
 def opencl_args(tmp_path, **kw):
     args = {"backend": "opencl", "kernel_dir": str(PROBES), "sizes": [96], "repetitions": 5,
-            "cache_path": str(tmp_path / "tune.json"), "sysfs_root": str(tmp_path / "nosys")}
+            "cache_path": str(tmp_path / "tune.json"), "sysfs_root": lab_root(tmp_path)}
     args.update(kw)
     return args
 
@@ -117,8 +133,6 @@ def test_repetitions_below_five_are_refused(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def cpu_library(tmp_path_factory):
-    if not shutil.which("cc"):
-        pytest.skip("no C compiler")
     out = tmp_path_factory.mktemp("cpu") / "libvcasgemm.so"
     subprocess.run(["cc", "-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-Wall", "-Werror",
                     "-o", str(out), str(PROBES / "vca_sgemm.c")], check=True)
@@ -127,7 +141,7 @@ def cpu_library(tmp_path_factory):
 
 def test_cpu_sgemm_is_verified_on_odd_sizes(tmp_path, capsys, cpu_library):
     result = run_module("vca_gemm", {"backend": "cpu", "cpu_library": cpu_library, "sizes": [1, 7, 130],
-                                     "sysfs_root": str(tmp_path)}, capsys)
+                                     "sysfs_root": lab_root(tmp_path)}, capsys)
     record = result["record"]
     assert [r["n"] for r in record["results"]] == [1, 7, 130]
     assert all(r["verification"]["passed"] for r in record["results"])
@@ -156,29 +170,50 @@ def test_noisy_host_is_flagged():
 LIMITS = {"max_work_group_size": 256, "local_mem_bytes": 32768}
 
 
+PEAK = dict(TM=64, TN=64, TK=32, WPTM=8, WPTN=16, VW=8, LMEM=0, KBARRIER=1, PF=0, PACK=0)
+
+
+def peak_score(p):
+    """One narrow peak at PEAK: the score falls with each parameter's distance from its value."""
+    return 100.0 / (1 + sum(abs(SPACE[k].index(p[k]) - SPACE[k].index(v)) for k, v in PEAK.items()))
+
+
 def test_tuner_prunes_and_finds_the_rare_good_setting():
-    best = dict(TM=64, TN=64, TK=32, WPTM=8, WPTN=16, VW=8, LMEM=0, KBARRIER=1, PF=0, PACK=0)
     evaluated = []
 
     def evaluate(p):
         assert valid(p, LIMITS, 1024)                       # nothing invalid is ever run
         evaluated.append(p)
-        # one narrow peak: the score falls with each parameter's distance from the best value
-        return 100.0 / (1 + sum(abs(SPACE[k].index(p[k]) - SPACE[k].index(v)) for k, v in best.items()))
+        return peak_score(p)
 
     score, params = Tuner(evaluate, LIMITS, 1024, budget=120, seed=1).run()
-    assert params == best and score == 100.0
+    assert params == PEAK and score == 100.0
     assert len(evaluated) <= 120
 
 
 def test_tuner_never_crowns_an_unverified_candidate():
-    wrong_but_fast = dict(TM=64, TN=64, TK=32, WPTM=8, WPTN=16, VW=8, LMEM=0, KBARRIER=1)
+    """The fastest candidate computes a wrong product; the probe's own check (measure) must
+    keep it out, or the tuner crowns it."""
+    wrong_but_fast = dict(PEAK)
+    a, b = random_operands(16, 16, 16, 5)
+    ref = Reference(a, b)
+    right = ref.c.astype(np.float32)
+    wrong = right.copy()
+    wrong[3, 4] += 1.0
+    evaluated = []
 
-    def evaluate(p):
-        return None if p == wrong_but_fast else 1.0 + p["TM"] / 1000
+    def evaluate(p):                                        # as library/vca_gemm.py's evaluate
+        evaluated.append(p)
+        out = wrong if p == wrong_but_fast else right
+        try:
+            measure(lambda: None, lambda: out, ref, repetitions=1)
+        except VerificationFailed:
+            return None
+        return peak_score(p)
 
     score, params = Tuner(evaluate, LIMITS, 1024, budget=40, seed=2).run(start=wrong_but_fast)
-    assert params != wrong_but_fast and score is not None
+    assert evaluated[0] == wrong_but_fast                   # it was run, with every key a candidate has
+    assert params is not None and params != wrong_but_fast and score < peak_score(wrong_but_fast)
 
 
 def test_local_memory_limit_prunes():

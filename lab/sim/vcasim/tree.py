@@ -40,6 +40,9 @@ class SysfsTree:
 
     def create(self) -> None:
         n = self.node
+        # The marker vca_sensors.platform() labels 'lab' by; the kernel's sysfs can never hold it.
+        self.root.mkdir(parents=True, exist_ok=True)
+        _write(self.root / "vcasim", "vcafleet lab/sim: a simulated sysfs tree, not hardware")
         other = self.root / HWMON_OTHER
         other.mkdir(parents=True, exist_ok=True)
         _ensure(other / "name", "acpitz")
