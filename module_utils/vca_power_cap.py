@@ -19,6 +19,24 @@ from .vca_sysfs import Sysfs
 LIMITS = (("pl1", "long_term"), ("pl2", "short_term"))
 FIELDS = (("w", "power_limit_uw", 1e6), ("window_s", "time_window_us", 1e6))
 MIN_POWER_UW = 1000000
+# RAPL holds a limit in the steps of MSR_RAPL_POWER_UNIT (0xA0E03 on Skylake, the
+# E3-1585L v5 included): power in 1/8 W, windows as 2^Y * (1 + F/4) units of
+# 1/1024 s. A value written reads back rounded down to a step, and a value
+# within one step of the wanted one is the wanted one in force.
+POWER_STEP_UW = 125000
+TIME_UNIT_US = 976
+
+
+def step(field, wanted_value):
+    """The size of one RAPL step at wanted_value, in the field's micro-units."""
+    if field == "power_limit_uw":
+        return POWER_STEP_UW
+    units = max(int(wanted_value) // TIME_UNIT_US, 1)
+    return (1 << (units.bit_length() - 1)) * TIME_UNIT_US // 4 + TIME_UNIT_US
+
+
+def in_force(field, actual, wanted_value):
+    return actual is not None and abs(actual - wanted_value) < step(field, wanted_value)
 
 
 class PowerCapError(Exception):
@@ -101,7 +119,7 @@ class PowerCap(object):
         for name, fields in sorted(want.items()):
             for field, after in sorted(fields.items()):
                 before = self.constraints[name][field]
-                if before != after:
+                if not in_force(field, before, after):
                     changes.append((name, field, before, after))
         if changes:
             enabled_file = self.zone + "/enabled"
@@ -122,7 +140,12 @@ class PowerCap(object):
                                            errno.errorcode[exc.errno])) from exc
                 raise PowerCapError("%s: writing %s failed: %s"
                                     % (self.node, os.path.join(self.sysfs.root, rel), exc)) from exc
-            self.constraints[name][field] = after
+            held = self.sysfs.read_optional(rel)
+            if held is None or not held.isdigit() or not in_force(field, int(held), after):
+                raise PowerCapError("%s: wrote %s to %s but it reads back %s"
+                                    % (self.node, fmt_value(field, after), os.path.join(self.sysfs.root, rel),
+                                       held if held is not None else "nothing"))
+            self.constraints[name][field] = int(held)
 
 
 def describe(limits):

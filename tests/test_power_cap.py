@@ -10,6 +10,7 @@ from ansible.module_utils.vca_power_cap import main as apply_main
 from ansible.module_utils.vca_sysfs import Sysfs
 
 from conftest import run_module
+from vcasim.rapl import quantize_power_uw, quantize_window_us
 
 
 def limit(tree, idx, field="power_limit_uw"):
@@ -106,3 +107,39 @@ def test_boot_unit_reapplies_the_config(sim_tree, tmp_path, capsys):
                                   "limits": {"long_term": {"power_limit_uw": 99000000}}}))
     assert apply_main([str(config)]) == 1
     assert "out of range" in capsys.readouterr().err
+
+
+def test_rapl_steps_are_the_kernels():
+    assert quantize_power_uw(35100000, 3) == 35000000          # 1/8 W steps, rounded down
+    assert quantize_power_uw(56250000, 3) == 56250000
+    assert quantize_window_us(27983872, 10) == 27983872        # the stock window: 2^14 * (1 + 3/4) units
+    assert quantize_window_us(3000000, 10) == 2998272          # 2^11 * (1 + 2/4) units of 976 us
+    assert quantize_window_us(1000000, 10) == 999424
+    assert quantize_window_us(500, 10) == 0
+
+
+def test_second_run_is_unchanged_once_rapl_has_rounded_the_values(sim_tree, tmp_path, capsys):
+    args = cap_args(sim_tree, tmp_path, pl1_w=35.1, pl2_w=40.05, pl1_window_s=3)
+    sim_tree.read_limits()                                     # the running simulator has seen the stock values
+    assert run_module("vca_power_cap", args, capsys)["changed"] is True
+    sim_tree.read_limits()                                     # the simulator stores them as RAPL would
+    assert (limit(sim_tree, 0), limit(sim_tree, 1)) == (35000000, 40000000)
+    assert limit(sim_tree, 0, "time_window_us") == 2998272
+    again = run_module("vca_power_cap", args, capsys)
+    assert again["changed"] is False and again["changes"] == []
+
+
+def test_a_value_more_than_one_step_off_is_rewritten(sim_tree, tmp_path, capsys):
+    sim_tree.read_limits()
+    run_module("vca_power_cap", cap_args(sim_tree, tmp_path, pl1_w=35.1, pl1_window_s=3), capsys)
+    sim_tree.read_limits()
+    result = run_module("vca_power_cap", cap_args(sim_tree, tmp_path, pl1_w=35.3, pl1_window_s=3.6), capsys)
+    assert [c.split(":")[0] for c in result["changes"]] == ["long_term power_limit_uw", "long_term time_window_us"]
+
+
+def test_a_write_that_does_not_hold_fails_naming_the_file(sim_tree, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(Sysfs, "write", lambda self, rel, value: None)    # the write is lost
+    result = run_module("vca_power_cap", cap_args(sim_tree, tmp_path, pl1_w=35), capsys)
+    assert result["failed"]
+    assert "wrote 35 W to" in result["msg"]
+    assert "constraint_0_power_limit_uw but it reads back 45000000" in result["msg"]

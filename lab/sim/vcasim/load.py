@@ -66,3 +66,24 @@ class LoadMeter:
         if dt <= 0:
             return 0.0
         return min(max(dused / dt / self.usage.cpus, 0.0), 1.0)
+
+
+def load_input(path: Path | None) -> float | None:
+    """The load a test has set for this node (0..1 in a file), or None to follow the CPU.
+
+    A test that needs a known load writes it here instead of racing busy loops
+    against whatever else the machine runs; removing the file hands back to the cgroup.
+    """
+    if path is None:
+        return None
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        return None
+    try:
+        load = float(text)
+    except ValueError:
+        raise ValueError(f"{path}: load must be a number from 0 to 1, got {text!r}") from None
+    if not 0.0 <= load <= 1.0:
+        raise ValueError(f"{path}: load must be from 0 to 1, got {load}")
+    return load

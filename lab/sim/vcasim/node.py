@@ -6,8 +6,9 @@ import argparse
 import signal
 import sys
 import time
+from pathlib import Path
 
-from .load import LoadMeter
+from .load import LoadMeter, load_input
 from .model import NodeModel, load_params
 from .tree import SysfsTree
 
@@ -18,6 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--airflow", required=True, help="airflow profile from params.yml")
     ap.add_argument("--params", default=None, help="params.yml (default: the one beside the package)")
     ap.add_argument("--tick", type=float, default=1.0, help="seconds between updates")
+    ap.add_argument("--load-input", type=Path, default=None,
+                    help="file a test may write a load (0..1) into; absent: the container's CPU use")
     args = ap.parse_args(argv)
 
     params = load_params(args.params) if args.params else load_params()
@@ -45,7 +48,13 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError, KeyError) as exc:
             # A half-written or bad limit file keeps the last good limits, as the kernel would.
             print(f"vcasim-node: keeping previous limits: {exc}", file=sys.stderr)
-        model.step(now - last, meter.sample(), limits)
+        load = meter.sample()
+        try:
+            forced = load_input(args.load_input)
+        except ValueError as exc:
+            forced = None
+            print(f"vcasim-node: ignoring the load input: {exc}", file=sys.stderr)
+        model.step(now - last, load if forced is None else forced, limits)
         last = now
         tree.publish(model)
     return 0

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from .model import Limits, NodeModel
+from .rapl import quantize_power_uw, quantize_window_us
 
 RAPL = "class/powercap/intel-rapl:0"
 HWMON_OTHER = "class/hwmon/hwmon0"   # a non-coretemp sensor first, so readers must match by name
@@ -37,6 +38,7 @@ class SysfsTree:
         self.rapl = self.root / RAPL
         self.coretemp = self.root / HWMON_CORETEMP
         self.cpus = node["cores"] * node["threads_per_core"]
+        self._held: dict[Path, int] = {}   # limit file -> the value RAPL holds for it
 
     def create(self) -> None:
         n = self.node
@@ -81,14 +83,30 @@ class SysfsTree:
             _ensure(base / "topology/physical_package_id", "0")
 
     def read_limits(self) -> Limits:
-        """The limits in force, found by constraint name as the kernel exposes them."""
+        """The limits in force, found by constraint name as the kernel exposes them.
+
+        A value written that RAPL cannot hold is stored as RAPL would store it,
+        and the file then reads back that value, as the kernel's would. What a
+        file holds when first read is the firmware's, already in RAPL's steps.
+        """
         by_name = {}
         for idx in (0, 1):
             name = (self.rapl / f"constraint_{idx}_name").read_text().strip()
             by_name[name] = idx
+        quantize = {
+            "power_limit_uw": lambda v: quantize_power_uw(v, self.node["rapl_power_unit_bits"]),
+            "time_window_us": lambda v: quantize_window_us(v, self.node["rapl_time_unit_bits"]),
+        }
 
         def value(name: str, field: str) -> int:
-            return int((self.rapl / f"constraint_{by_name[name]}_{field}").read_text())
+            path = self.rapl / f"constraint_{by_name[name]}_{field}"
+            written = int(path.read_text())
+            if self._held.setdefault(path, written) == written:
+                return written
+            stored = self._held[path] = quantize[field](written)
+            if stored != written:
+                _write(path, str(stored))
+            return stored
 
         return Limits(
             pl1_w=value("long_term", "power_limit_uw") / 1e6,

@@ -7,7 +7,10 @@ import json
 testinfra_hosts = ["ansible://vca_nodes"]
 
 RAPL = "/var/lib/vcasim/sys/class/powercap/intel-rapl:0"
-CAPS = {"long_term": 25000000, "short_term": 30000000}     # molecule.yml
+LOAD_INPUT = "/var/lib/vcasim/load"
+# molecule.yml's 24.9 W and 30.05 W as RAPL holds them, in 1/8 W steps rounded down.
+CAPS = {"long_term": 24875000, "short_term": 30000000}
+WINDOW_US = 1998848          # 2 s as 2^11 * (1 + 0/4) units of 976 us
 PL1_W = CAPS["long_term"] / 1e6
 
 
@@ -21,6 +24,7 @@ def limits(host):
 
 def test_caps_in_force_and_stock_recorded(host):
     assert limits(host) == CAPS
+    assert int(host.file(f"{RAPL}/constraint_0_time_window_us").content_string) == WINDOW_US
     stock = json.loads(host.file("/etc/vcafleet/power-cap.stock.json").content_string)
     assert stock["long_term"]["power_limit_uw"] == 45000000
 
@@ -49,16 +53,19 @@ for _ in range(3):
 """ % RAPL
 
 
-def test_package_power_under_load_stays_at_or_under_pl1(host):
-    # Every CPU busy for 20 s; after PL1's 2 s window settles, three 3 s energy windows.
+def test_package_power_at_full_load_is_held_at_pl1(host):
+    # The simulator is told the node is fully loaded, so the figure does not depend on
+    # how much CPU this machine lends the container; after PL1's 2 s window settles,
+    # three 3 s energy windows.
     script = f"""
-    for i in $(seq $(nproc)); do timeout 20 sh -c 'while :; do :; done' & done
+    trap 'rm -f {LOAD_INPUT}' EXIT
+    echo 1.0 > {LOAD_INPUT}
     sleep 8
     python3 -c '{WINDOWS}'
-    wait
     """
     rows = [line.split() for line in host.check_output(script).splitlines()]
+    assert not host.file(LOAD_INPUT).exists
     watts = [(int(e1) - int(e0)) / (float(t1) - float(t0)) / 1e6 for e0, e1, t0, t1 in rows]
     assert len(watts) == 3
-    assert max(watts) <= PL1_W * 1.005, watts
-    assert min(watts) >= PL1_W * 0.9, watts      # held at the cap, not idling under it
+    assert max(watts) <= PL1_W * 1.01, watts
+    assert min(watts) >= PL1_W * 0.98, watts      # held at the cap: full load wants 42.6 W
