@@ -31,13 +31,15 @@ def sql(host, query):
 
 @pytest.fixture(scope="module")
 def collected(host):
-    """Wait for at least four scrape rounds (3 s apart) after the converge."""
-    for _ in range(40):
+    """Wait for at least four scrape rounds (3 s apart) after the converge; the deadline is
+    generous so that a busy machine makes the test slower, never red."""
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
         rounds = sql(host, "SELECT count(DISTINCT ts) FROM scrapes") if host.file(DB).exists else [[0]]
         if rounds[0][0] >= 4:
             return
         time.sleep(1)
-    pytest.fail("the collector stored fewer than 4 rounds in 40 s")
+    pytest.fail("the collector stored fewer than 4 rounds in 180 s")
 
 
 def test_services_enabled_and_running(host):

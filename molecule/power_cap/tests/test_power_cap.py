@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 testinfra_hosts = ["ansible://vca_nodes"]
 
@@ -22,6 +23,14 @@ def limits(host):
     }
 
 
+def settled_limits(host, seconds=20):
+    """The limits once the simulator has stored a fresh write in RAPL's steps (it does so every tick)."""
+    deadline = time.monotonic() + seconds
+    while (found := limits(host)) != CAPS and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return found
+
+
 def test_caps_in_force_and_stock_recorded(host):
     assert limits(host) == CAPS
     assert int(host.file(f"{RAPL}/constraint_0_time_window_us").content_string) == WINDOW_US
@@ -35,7 +44,7 @@ def test_boot_unit_enabled_and_reapplies_after_a_firmware_reset(host):
     host.check_output(f"echo 45000000 > {RAPL}/constraint_0_power_limit_uw")
     host.check_output(f"echo 56250000 > {RAPL}/constraint_1_power_limit_uw")
     host.check_output("systemctl restart vca-power-cap.service")
-    assert limits(host) == CAPS
+    assert settled_limits(host) == CAPS
     assert "in force" in host.check_output("journalctl -u vca-power-cap.service --no-pager -o cat")
 
 
