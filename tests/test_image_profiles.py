@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 
 import pytest
+import yaml
 
 from conftest import ROOT
-from vca_image.build import recipe
+from vca_image.build import recipe, user_hooks
 from vca_image.profile import ProfileError, kernel_debs, list_profiles, load
 
 PROFILES = ROOT / "image_builder" / "profiles"
@@ -104,3 +107,38 @@ def test_unset_kernel_dir_is_named(pdir, monkeypatch):
     monkeypatch.setenv("VCA_KERNEL_DEBS", "")
     with pytest.raises(ProfileError, match=r"names no directory"):
         load("ubuntu-22.04", pdir)
+
+
+@pytest.mark.parametrize("key, value", [
+    ("groups", "sudo; rm -rf /"), ("groups", "$(reboot)"), ("groups", "sudo\n"), ("groups", "-o"),
+    ("name", "vca admin"), ("name", "root`id`"), ("name", "vcaadmin\n"),
+])
+def test_user_and_group_names_are_checked(pdir, key, value):
+    user = {"name": "vcaadmin", "groups": ["adm", value]} if key == "groups" else {"name": value, "groups": ["sudo"]}
+    (pdir / "evil.yml").write_text(yaml.safe_dump({"extends": "debian-12", "users": [user]}))
+    with pytest.raises(ProfileError) as err:
+        load("evil", pdir)
+    where = "users.0.groups.1" if key == "groups" else "users.0.name"
+    assert f"evil.yml: {where}: {value!r} is not a user or group name" in str(err.value)
+
+
+def test_shipped_users_pass_the_check():
+    assert load("debian-12", PROFILES)["users"] == [{"name": "vcaadmin", "groups": ["sudo"]}]
+
+
+def test_user_hook_passes_names_as_words(tmp_path):
+    """Even a name the schema would refuse reaches useradd as one argument: mmdebstrap runs the
+    hook as `sh -c HOOK exec ROOTFS`; a fake chroot on PATH records the words it was given."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "chroot").write_text('#!/bin/sh\nprintf "%s\\0" "$@" > "$ARGV_OUT"\n')
+    (bin_dir / "chroot").chmod(0o755)
+    pwned = tmp_path / "pwned"
+    user = {"name": "vcaadmin", "groups": ["sudo; touch %s" % pwned, "$(touch %s)" % pwned]}
+    (hook,) = user_hooks({"users": [user]})
+    env = dict(os.environ, PATH="%s:%s" % (bin_dir, os.environ["PATH"]), ARGV_OUT=str(tmp_path / "argv"))
+    subprocess.run(["sh", "-c", hook, "exec", str(tmp_path / "rootfs")], env=env, cwd=tmp_path, check=True)
+    argv = (tmp_path / "argv").read_text().split("\0")[:-1]
+    assert argv == [str(tmp_path / "rootfs"), "useradd", "--create-home", "--shell", "/bin/bash",
+                    "--groups", ",".join(user["groups"]), "--", "vcaadmin"]
+    assert not pwned.exists()

@@ -11,6 +11,7 @@ import gzip
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -61,6 +62,21 @@ def packages(profile):
     return sorted(names)
 
 
+def useradd_argv(user):
+    """useradd's arguments for one profile user, as a list: no shell in between."""
+    groups = user.get("groups", [])
+    return ["useradd", "--create-home", "--shell", "/bin/bash",
+            *(["--groups", ",".join(groups)] if groups else []), "--", user["name"]]
+
+
+def user_hooks(profile):
+    """The customize hooks that add the profile's users. mmdebstrap runs a hook with
+    `sh -c HOOK exec ROOTFS`, so each is a shell command: every value in it is quoted
+    (the profile schema admits only plain user and group names as well)."""
+    return ['chroot "$1" ' + " ".join(shlex.quote(arg) for arg in useradd_argv(user))
+            for user in profile.get("users", [])]
+
+
 def bootstrap(profile, rootfs, cache):
     """mmdebstrap the sorted package set into rootfs; downloads cached in cache/."""
     cache.mkdir(parents=True, exist_ok=True)
@@ -75,12 +91,10 @@ def bootstrap(profile, rootfs, cache):
            "--dpkgopt=path-exclude=/usr/share/man/*", "--dpkgopt=path-exclude=/usr/share/locale/*",
            # the package cache: in before the download, out after it, so a rebuild downloads nothing
            '--setup-hook=mkdir -p "$1"/var/cache/apt/archives/',
-           "--setup-hook=sync-in %s /var/cache/apt/archives/" % cache,
-           "--customize-hook=sync-out /var/cache/apt/archives %s" % cache]
-    for user in profile.get("users", []):
-        groups = ",".join(user.get("groups", []))
-        cmd.append('--customize-hook=chroot "$1" useradd --create-home --shell /bin/bash %s%s'
-                   % ("--groups %s " % groups if groups else "", user["name"]))
+           # mmdebstrap splits a special hook's arguments as a shell would: quoted
+           "--setup-hook=sync-in %s /var/cache/apt/archives/" % shlex.quote(str(cache)),
+           "--customize-hook=sync-out /var/cache/apt/archives %s" % shlex.quote(str(cache))]
+    cmd += ["--customize-hook=%s" % hook for hook in user_hooks(profile)]
     cmd += [profile["suite"], str(rootfs), profile["mirror"]]
     env = dict(os.environ, SOURCE_DATE_EPOCH=str(profile["image"]["source_date_epoch"]))
     run(cmd, env=env)

@@ -16,6 +16,11 @@ import jsonschema
 import yaml
 
 ADDITIVE = ("packages", "overlays")
+# A user or group name as useradd takes it, and nothing a shell could read as more:
+# lower case, digits, _ and -, not starting with - or a digit, at most 32 characters.
+# \Z, not $: Python's $ also matches before a trailing newline.
+ACCOUNT_NAME = {"type": "string", "pattern": r"^[a-z_][a-z0-9_-]{0,31}\Z",
+                "description": "a user or group name: [a-z_][a-z0-9_-]*, at most 32 characters"}
 
 SCHEMA = {
     "type": "object",
@@ -53,8 +58,8 @@ SCHEMA = {
                 "additionalProperties": False,
                 "required": ["name"],
                 "properties": {
-                    "name": {"type": "string", "pattern": "^[a-z_][a-z0-9_-]*$"},
-                    "groups": {"type": "array", "items": {"type": "string"}},
+                    "name": ACCOUNT_NAME,
+                    "groups": {"type": "array", "items": ACCOUNT_NAME},
                     "authorized_keys": {"type": "array", "items": {"type": "string"}},
                 },
             },
@@ -149,6 +154,9 @@ def _describe(error, origin):
         return "%s: %s: must include %s" % (origin.get(top, origin["(any)"]), path, error.schema["contains"]["const"])
     if error.validator == "required":
         return "%s: %s: %s" % (origin["(any)"], path, error.message)
+    if error.validator == "pattern" and "description" in error.schema:
+        return "%s: %s: %r is not %s" % (origin.get(top, origin["(any)"]), path, error.instance,
+                                         error.schema["description"])
     return "%s: %s: %s" % (origin.get(top, origin["(any)"]), path, error.message)
 
 
