@@ -1,0 +1,242 @@
+"""vca_boot: the rendered boot script against a fake vcactl, the unit's timeouts, the node-name check.
+
+The script and the unit are rendered from the role's templates with jinja2 (Ansible's
+filters added, trim_blocks as the template module does) and the role's defaults; the
+script then runs under bash against a small fake vcactl that answers with the real
+status strings ("Card: 0 Cpu: 1  STATE: net_device_ready", as lab/sim/vcasim/vcactl.py
+and module_utils/vcactl.py have them). The timing tests use a 3 s deadline and assert
+only a generous upper bound (20 s): eight stuck nodes each given their own 3 s would
+take 24 s and break it, one deadline for all of them does not.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import jinja2
+import pytest
+import yaml
+from ansible.plugins.filter.core import FilterModule
+
+from conftest import ROOT
+
+ROLE = ROOT / "roles" / "vca_boot"
+SCRIPT = ROLE / "templates" / "usr" / "local" / "lib" / "vcafleet" / "vca2-boot.sh.j2"
+UNIT = ROLE / "templates" / "etc" / "systemd" / "system" / "vca2-card.service.j2"
+BOUND_S = 20
+
+FAKE_VCACTL = r"""#!/bin/bash
+# fake vcactl: one file per node, $D/state/<card>-<cpu>; $D/on_boot/<card>-<cpu> is
+# where a boot leads (net_device_ready, or booting for a node that hangs there),
+# $D/on_shutdown/<card>-<cpu> where os-shutdown leads.
+D=@DIR@
+echo "$*" >> "$D/calls.log"
+verb=${1:-}; shift
+node() { [ -e "$D/state/$1-$2" ] || { echo "ERROR: Card: $1 Cpu: $2 - no such node"; exit 1; }; cat "$D/state/$1-$2"; }
+set_state() { echo "$3" > "$D/state/$1-$2"; }
+case $verb in
+    status)
+        found=0
+        for f in "$D"/state/*; do
+            [ -e "$f" ] || continue
+            k=${f##*/}; card=${k%-*}; cpu=${k#*-}
+            if [ $# -ge 2 ] && { [ "$1" != "$card" ] || [ "$2" != "$cpu" ]; }; then continue; fi
+            echo "Card: $card Cpu: $cpu  STATE: $(cat "$f")"; found=1
+        done
+        if [ $found = 0 ] && [ $# -ge 2 ]; then echo "ERROR: Card: $1 Cpu: $2 - no such node"; exit 1; fi ;;
+    boot)
+        s=$(node "$1" "$2") || exit 1
+        case $s in
+            bios_up|bios_ready) set_state "$1" "$2" "$(cat "$D/on_boot/$1-$2")" ;;
+            *) echo "ERROR: Card: $1 Cpu: $2 - Card needs to be in \"bios_up\" or \"bios_ready\" state!"; exit 1 ;;
+        esac ;;
+    pwrbtn-short) s=$(node "$1" "$2") || exit 1; [ "$s" = power_off ] && set_state "$1" "$2" bios_up; exit 0 ;;
+    pwrbtn-long) node "$1" "$2" >/dev/null || exit 1; set_state "$1" "$2" power_off ;;
+    os-shutdown)
+        s=$(node "$1" "$2") || exit 1
+        case $s in
+            os_ready|net_device_ready) set_state "$1" "$2" "$(cat "$D/on_shutdown/$1-$2")" ;;
+            *) echo "ERROR: Card: $1 Cpu: $2 - Card needs to be in \"os_ready\" or \"net_device_ready\" state!"
+               exit 1 ;;
+        esac ;;
+    reset) node "$1" "$2" >/dev/null || exit 1; set_state "$1" "$2" bios_up ;;
+    blockio) exit 0 ;;
+    *) echo "ERROR: unknown command $verb"; exit 2 ;;
+esac
+"""
+
+
+def defaults():
+    return yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+
+
+def render(template, nodes, dead=(), **overrides):
+    """The template with the role's defaults, an inventory of nodes {name: (card, cpu)} and overrides."""
+    env = jinja2.Environment(trim_blocks=True, keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
+    env.filters.update({k: v for k, v in FilterModule().filters().items() if k not in env.filters})
+    variables = defaults() | overrides | {
+        "ansible_managed": "Ansible managed (test)",
+        "groups": {"vca_nodes": list(nodes), "dead": list(dead)},
+        "hostvars": {name: {"vca_card": card, "vca_cpu": cpu} for name, (card, cpu) in nodes.items()},
+    }
+    return env.from_string(template.read_text()).render(variables)
+
+
+class Fleet:
+    """A fake vcactl in tmp_path: node states in files, every call logged."""
+
+    def __init__(self, tmp_path):
+        self.dir = tmp_path / "fake"
+        for sub in ("state", "on_boot", "on_shutdown"):
+            (self.dir / sub).mkdir(parents=True)
+        self.vcactl = self.dir / "vcactl"
+        self.vcactl.write_text(FAKE_VCACTL.replace("@DIR@", str(self.dir)))
+        self.vcactl.chmod(0o755)
+        (self.dir / "calls.log").write_text("")
+
+    def node(self, card, cpu, state, on_boot="net_device_ready", on_shutdown="power_off"):
+        (self.dir / "state" / f"{card}-{cpu}").write_text(state + "\n")
+        (self.dir / "on_boot" / f"{card}-{cpu}").write_text(on_boot + "\n")
+        (self.dir / "on_shutdown" / f"{card}-{cpu}").write_text(on_shutdown + "\n")
+
+    def state(self, card, cpu):
+        return (self.dir / "state" / f"{card}-{cpu}").read_text().strip()
+
+    def calls(self):
+        return (self.dir / "calls.log").read_text().splitlines()
+
+
+def run_script(tmp_path, fleet, nodes, action, dead=(), **overrides):
+    """Render the script for this inventory, run `vca2-boot.sh <action>`; (rc, output, seconds)."""
+    script = tmp_path / "vca2-boot.sh"
+    script.write_text(render(SCRIPT, nodes, dead, vca_boot_vcactl=str(fleet.vcactl), vca_boot_nat_enabled=False,
+                             vca_boot_disk_dir=str(tmp_path / "disks"), **overrides))
+    script.chmod(0o755)
+    began = time.monotonic()
+    done = subprocess.run(["bash", str(script), action], capture_output=True, text=True, timeout=120, check=False)
+    return done.returncode, done.stdout + done.stderr, time.monotonic() - began
+
+
+def inventory(count):
+    return {f"vca-node{n}": (n // 3, n % 3) for n in range(count)}
+
+
+def test_no_node_reported_is_a_failure_with_a_message(tmp_path):
+    fleet = Fleet(tmp_path)              # vcactl answers, but reports no node at all
+    rc, out, _ = run_script(tmp_path, fleet, inventory(3), "start")
+    assert rc == 1, out                  # not 3: the unit counts 3 as success
+    assert "vcactl reports no node at all" in out
+    assert "vca-node0 (card 0 cpu 0)" in out and "vca-node2 (card 0 cpu 2)" in out
+    assert not [c for c in fleet.calls() if not c.startswith("status")]   # nothing was booted
+
+
+def test_a_node_without_status_fails_the_start_but_the_others_boot(tmp_path):
+    fleet = Fleet(tmp_path)
+    fleet.node(0, 0, "bios_up")
+    fleet.node(0, 1, "bios_up")
+    rc, out, _ = run_script(tmp_path, fleet, inventory(3), "start")
+    assert rc == 3, out
+    assert "vcactl reports no status for vca-node2 (card 0 cpu 2)" in out
+    assert fleet.state(0, 0) == fleet.state(0, 1) == "net_device_ready"
+
+
+def test_healthy_start_skips_the_dead_node(tmp_path):
+    fleet = Fleet(tmp_path)
+    nodes = inventory(6)
+    for card, cpu in nodes.values():
+        fleet.node(card, cpu, "link_down" if (card, cpu) == (1, 0) else "power_off")
+    rc, out, _ = run_script(tmp_path, fleet, nodes, "start", dead=["vca-node3"])
+    assert rc == 0, out
+    assert "skip vca-node3 (card 1 cpu 0): in the dead group" in out
+    assert "power on vca-node1 (card 0 cpu 1)" in out and "boot vca-node5 (card 1 cpu 2) from vcablk0" in out
+    assert all(fleet.state(c, p) == "net_device_ready" for c, p in nodes.values() if (c, p) != (1, 0))
+    assert not [c for c in fleet.calls() if c.startswith(("boot 1 0", "pwrbtn-short 1 0"))]
+
+
+@pytest.mark.parametrize("stuck", [2, 8])
+def test_stuck_nodes_give_up_at_one_total_deadline(tmp_path, stuck):
+    fleet = Fleet(tmp_path)
+    nodes = inventory(stuck + 1)         # node 0 boots; the others hang in booting
+    for n, (card, cpu) in enumerate(nodes.values()):
+        fleet.node(card, cpu, "bios_up", on_boot="net_device_ready" if n == 0 else "booting")
+    rc, out, took = run_script(tmp_path, fleet, nodes, "start", vca_boot_start_timeout_s=3)
+    assert took < BOUND_S, f"{took:.1f} s for {stuck} stuck nodes and a 3 s deadline:\n{out}"
+    assert rc == 3, out                  # booted, some not ready: the unit stays up for its ExecStop
+    assert "vca-node0 (card 0 cpu 0) is net_device_ready" in out
+    names = [f"vca-node{n}" for n in range(1, stuck + 1)]
+    for name, (card, cpu) in list(nodes.items())[1:]:
+        assert f"{name} (card {card} cpu {cpu}) not net_device_ready at the 3s deadline: booting" in out
+    assert f"gave up on {', '.join(names)}: not net_device_ready within 3s" in out
+
+
+@pytest.mark.parametrize("stuck", [2, 8])
+def test_stop_presses_the_power_button_at_one_total_deadline(tmp_path, stuck):
+    fleet = Fleet(tmp_path)
+    nodes = inventory(stuck + 1)         # node 0 powers off; the others hang in powering_down
+    for n, (card, cpu) in enumerate(nodes.values()):
+        fleet.node(card, cpu, "net_device_ready", on_shutdown="power_off" if n == 0 else "powering_down")
+    rc, out, took = run_script(tmp_path, fleet, nodes, "stop", vca_boot_stop_timeout_s=3)
+    assert took < BOUND_S, f"{took:.1f} s for {stuck} stuck nodes and a 3 s deadline:\n{out}"
+    assert rc == 0, out
+    for name, (card, cpu) in list(nodes.items())[1:]:
+        assert f"{name} (card {card} cpu {cpu}) still powering_down at the 3s deadline: power button" in out
+        assert f"pwrbtn-long {card} {cpu}" in fleet.calls()
+    assert "pwrbtn-long 0 0" not in fleet.calls()
+    assert all(fleet.state(c, p) == "power_off" for c, p in nodes.values())
+
+
+def test_node_names_are_quoted_in_the_script(tmp_path):
+    """Even a name the role's check would refuse cannot run a command from the rendered script."""
+    fleet = Fleet(tmp_path)
+    fleet.node(0, 0, "bios_up")
+    pwned = tmp_path / "pwned"
+    rc, out, _ = run_script(tmp_path, fleet, {f"vca-$(touch {pwned})": (0, 0)}, "status")
+    assert rc == 0, out
+    assert not pwned.exists()
+
+
+@pytest.mark.parametrize("overrides", [{}, {"vca_boot_start_timeout_s": 3, "vca_boot_stop_timeout_s": 3}])
+def test_unit_timeouts_cover_the_deadlines(overrides):
+    settings = defaults() | overrides
+    unit = render(UNIT, inventory(6), **overrides)
+    start = int(re.search(r"^TimeoutStartSec=(\d+)$", unit, re.M).group(1))
+    stop = int(re.search(r"^TimeoutStopSec=(\d+)$", unit, re.M).group(1))
+    assert start >= settings["vca_boot_start_timeout_s"] + settings["vca_boot_unit_slack_s"]
+    assert stop >= settings["vca_boot_stop_timeout_s"] + settings["vca_boot_unit_slack_s"]
+    # a start that booted nodes but not all of them exits DEGRADED: the unit counts it as a success
+    degraded = re.search(r"^DEGRADED=(\d+)$", render(SCRIPT, inventory(6), **overrides), re.M).group(1)
+    assert re.search(rf"^SuccessExitStatus={degraded}$", unit, re.M)
+
+
+def playbook_check(tmp_path, names):
+    """Run the role's own inventory check (tasks/validate.yml) with ansible-playbook on this inventory."""
+    hosts = {name: {"vca_card": n // 3, "vca_cpu": n % 3, "ansible_connection": "local"}
+             for n, name in enumerate(names)}
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {"vca_nodes": {"hosts": hosts}}}}))
+    (tmp_path / "check.yml").write_text(yaml.safe_dump([{
+        "name": "vca_boot's inventory check", "hosts": "localhost", "gather_facts": False, "connection": "local",
+        "tasks": [{"name": "Check", "ansible.builtin.include_role": {"name": "vca_boot", "tasks_from": "validate"}}],
+    }]))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_ROLES_PATH=str(ROOT / "roles"),
+               ANSIBLE_NOCOLOR="1", ANSIBLE_LOCALHOST_WARNING="0", ANSIBLE_INVENTORY_UNPARSED_WARNING="0")
+    playbook = shutil.which("ansible-playbook", path=str(os.path.dirname(sys.executable))) or "ansible-playbook"
+    done = subprocess.run([playbook, "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "check.yml")], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
+    return done.returncode, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("bad", ["vca node1", "vca-$(touch /tmp/vcafleet-pwned)", "vca-node1;reboot"])
+def test_role_refuses_unsafe_node_names(tmp_path, bad):
+    rc, out = playbook_check(tmp_path, ["vca-node0", bad])
+    assert rc != 0, out
+    assert "a node name must match" in out and bad in out
+
+
+def test_role_accepts_the_inventory_names(tmp_path):
+    rc, out = playbook_check(tmp_path, ["vca-node0", "vca-node1", "card1.node_4"])
+    assert rc == 0, out
