@@ -1,4 +1,5 @@
-"""common on the molecule node: keys work, the password no longer does, base state."""
+"""common on the molecule node: keys work, the password no longer does, base state.
+The host container's checks are in test_common_host.py."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import subprocess
 
 import paramiko
 import pytest
+
+testinfra_hosts = ["ansible://fresh_node"]
 
 KEY = "/tmp/vcafleet-molecule-common/id_ed25519"
 CONTAINER = f"vcamol-{os.environ.get('MOLECULE_SCENARIO_NAME', 'common')}"
@@ -46,6 +49,7 @@ def test_admin_user_with_key_and_sudo(host):
 
 
 def test_time_sync_enabled_and_sshd_policy(host):
+    assert host.package("systemd-timesyncd").is_installed      # no other time daemon on a fresh node
     assert host.service("systemd-timesyncd").is_enabled
     policy = host.file("/etc/ssh/sshd_config.d/00-vcafleet.conf")
     assert policy.contains("^PasswordAuthentication no$")
