@@ -1,12 +1,20 @@
-"""The agent's readers and exposition: wrap-around, absent sensors, duplicate labels, vcactl."""
+"""The agent's readers and exposition: wrap-around, absent sensors, duplicate labels, vcactl, platform, binding."""
 
 from __future__ import annotations
 
 import shutil
+import threading
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
-from vcamon.agent import PowerMeter, Sensors, exposition
+import pytest
+
+from vcamon import agent as agent_module
+from vcamon.agent import PowerMeter, Sensors, exposition, start_agent
+from vcamon.cli import parser
 from vcamon.collector import parse
+from vcamon.hw.vca_sensors import read_all
+from vcamon.store import PLATFORMS
 
 
 def metrics(tree, **kw):
@@ -29,7 +37,7 @@ def test_first_reading_gives_no_power_and_the_metric_is_absent(node_tree):
 
 def test_power_from_two_readings(node_tree):
     clock = iter([10.0, 12.0])
-    sensors = Sensors(str(node_tree.root), clock=lambda: next(clock))
+    sensors = Sensors(str(node_tree.root), clock=lambda: next(clock, 12.0))   # then the platform cache's reads
     sensors.sample_energy()
     (node_tree.rapl / "energy_uj").write_text("50000000\n")    # 50 J in 2 s
     assert sensors.sample_energy() == 25.0
@@ -86,3 +94,81 @@ def test_agent_serves_over_http(agent):
         text = resp.read().decode()
     assert 'vcamon_agent_info{node="vca-node0"} 1.0' in text
     assert 'vcamon_temperature_celsius{sensor="Package id 0"}' in text
+
+
+class FakeClock:
+    def __init__(self, t):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+def counting_vcactl(tmp_path):
+    """A vcactl that answers like the real one and leaves one line in runs.log per run."""
+    runs = tmp_path / "runs.log"
+    fake = tmp_path / "vcactl"
+    fake.write_text("#!/bin/sh\necho run >> %s\nprintf 'Card: 0 Cpu: 0  STATE: net_device_ready\\n'\n" % runs)
+    fake.chmod(0o755)
+    return str(fake), lambda: len(runs.read_text().splitlines()) if runs.exists() else 0
+
+
+def test_vcactl_runs_at_most_once_per_sample_interval_whatever_the_request_rate(node_tree, tmp_path):
+    vcactl, runs = counting_vcactl(tmp_path)
+    clock = FakeClock(100.0)
+    server, stop = start_agent("127.0.0.1:0", "host", str(node_tree.root), vcactl, sample_interval=5.0, clock=clock)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = "http://127.0.0.1:%d/metrics" % server.server_address[1]
+
+    def burst(n):
+        with ThreadPoolExecutor(max_workers=10) as pool:
+            texts = list(pool.map(lambda _: urllib.request.urlopen(url, timeout=30).read().decode(), range(n)))
+        assert all('state="net_device_ready"' in t for t in texts)   # every answer has the (cached) states
+
+    try:
+        burst(50)                       # 100 requests within one interval, 10 at a time from the start
+        clock.t = 104.9
+        burst(50)
+        assert runs() == 1
+        clock.t = 105.0                 # the next interval: read again, once
+        burst(100)
+        assert runs() == 2
+        clock.t = 111.0
+        burst(1)
+        assert runs() == 3
+    finally:
+        stop.set()
+        server.shutdown()
+        server.server_close()
+
+
+def test_platform_is_the_sensors_readers(node_tree):
+    expected = read_all(str(node_tree.root), sample_seconds=0)["platform"]
+    assert expected in PLATFORMS
+    text = metrics(node_tree)
+    assert 'vcamon_platform{platform="%s"} 1.0' % expected in text
+    assert parse("vca-node0", text).platform == expected
+
+
+@pytest.mark.parametrize("said, recorded", [("hardware", "hardware"), ("lab", "lab"), ("sim", "unknown"),
+                                            (OSError("no sysfs"), "unknown")])
+def test_platform_comes_from_read_all_and_nothing_else(node_tree, monkeypatch, said, recorded):
+    def fake_read_all(root, sample_seconds=1.0):
+        assert root == str(node_tree.root) and sample_seconds == 0
+        if isinstance(said, Exception):
+            raise said
+        return {"platform": said}
+
+    monkeypatch.setattr(agent_module, "read_all", fake_read_all)
+    assert parse("n", metrics(node_tree)).platform == recorded
+
+
+def test_agent_listens_on_loopback_unless_told_otherwise(node_tree):
+    assert parser().parse_args(["agent", "--node", "n"]).listen == "127.0.0.1:9478"
+    for listen, address in ((":0", "127.0.0.1"), ("localhost:0", "127.0.0.1"), ("127.0.0.1:0", "127.0.0.1")):
+        server, stop = start_agent(listen, "n", str(node_tree.root))
+        try:
+            assert server.server_address[0] == address, listen
+        finally:
+            stop.set()
+            server.server_close()

@@ -8,6 +8,7 @@ import socket
 import pytest
 
 from vcamon.collector import Collector, load_targets
+from vcamon.hw.vca_sensors import read_all
 from vcamon.store import Store
 
 
@@ -18,7 +19,7 @@ def dead_url():
         return "http://127.0.0.1:%d/metrics" % s.getsockname()[1]
 
 
-def test_live_node_rows_and_down_rows_and_the_collector_keeps_going(agent, tmp_path):
+def test_live_node_rows_and_down_rows_and_the_collector_keeps_going(agent, node_tree, tmp_path):
     store = Store(str(tmp_path / "db"))
     targets = [{"node": "vca-node0", "url": agent, "vca_node": 0},
                {"node": "vca-node3", "url": dead_url(), "vca_node": 3}]
@@ -33,6 +34,10 @@ def test_live_node_rows_and_down_rows_and_the_collector_keeps_going(agent, tmp_p
     status = {r["node"]: r for r in store.status(1_700_000_060)}
     assert status["vca-node3"]["up"] is False and "Connection refused" in status["vca-node3"]["error"]
     assert status["vca-node0"]["pl1_w"] == 45.0
+    # The platform the agent's sensors reader decided, for the node and for each of its samples.
+    platform = read_all(str(node_tree.root), sample_seconds=0)["platform"]
+    assert status["vca-node0"]["platform"] == platform and status["vca-node3"]["platform"] is None
+    assert {r["platform"] for r in store.export_rows(0, 1_700_000_060, node="vca-node0")} == {platform}
 
 
 @pytest.mark.parametrize("content, words", [

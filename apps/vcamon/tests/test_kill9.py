@@ -44,6 +44,27 @@ def metrics_server():
     return server
 
 
+def stored_rows(db):
+    if not db.exists():
+        return 0
+    con = sqlite3.connect(str(db), timeout=30)
+    try:
+        return con.execute("SELECT count(*) FROM scrapes").fetchone()[0]
+    except sqlite3.OperationalError:     # the collector has not made its tables yet
+        return 0
+    finally:
+        con.close()
+
+
+def wait_for_new_rows(db, before, proc, seconds=120):
+    """Until the collector has stored rows beyond `before`: a busy machine makes this slower, never wrong."""
+    deadline = time.monotonic() + seconds
+    while stored_rows(db) <= before:
+        assert proc.poll() is None, "the collector exited with %s" % proc.returncode
+        assert time.monotonic() < deadline, "the collector stored nothing in %d s" % seconds
+        time.sleep(0.05)
+
+
 def test_collector_survives_kill_9_mid_write(tmp_path):
     server = metrics_server()
     url = "http://127.0.0.1:%d/metrics" % server.server_address[1]
@@ -56,8 +77,10 @@ def test_collector_survives_kill_9_mid_write(tmp_path):
     rng = random.Random(9)
     wal_left = 0
     for _ in range(6):
+        before = stored_rows(db)
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(0.6 + rng.random() * 0.6)       # well into a stream of write transactions
+        wait_for_new_rows(db, before, proc)        # it is writing, however long its start took
+        time.sleep(rng.random() * 0.3)             # then somewhere in its stream of write transactions
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         wal = Path(str(db) + "-wal")
@@ -73,8 +96,8 @@ def test_collector_survives_kill_9_mid_write(tmp_path):
     assert con.execute("SELECT count(*) FROM samples WHERE ts NOT IN (SELECT ts FROM scrapes)").fetchone()[0] == 0
     assert wal_left == 6
     # And a collector starts on it again.
+    before = stored_rows(db)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    time.sleep(1.0)
-    assert proc.poll() is None
+    wait_for_new_rows(db, before, proc)
     proc.terminate()
     proc.wait()

@@ -1,13 +1,16 @@
-"""The SQLite store: down rows, events, caps, rollups, retention, queries."""
+"""The SQLite store: down rows, events, caps, rollups, retention, queries, platform, migration."""
 
 from __future__ import annotations
 
+import csv
 import io
+import json
 import sqlite3
 
 import pytest
 
-from vcamon.store import DAY_S, Scrape, Store
+from vcamon import store as store_module
+from vcamon.store import DAY_S, ROLLUP_S, Scrape, Store
 
 T0 = 1_700_000_100 // 300 * 300
 
@@ -117,8 +120,8 @@ def test_export_csv(store):
     out = io.StringIO()
     assert store.export_csv(out, T0 - 10, T0 + 10) == 3
     lines = out.getvalue().splitlines()
-    assert lines[0] == "ts,iso_time,node,metric,label,value,resolution"
-    assert f"{T0}," in lines[1] and lines[1].endswith(",raw")
+    assert lines[0] == "ts,iso_time,node,metric,label,value,resolution,platform"
+    assert f"{T0}," in lines[1] and lines[1].endswith(",raw,unknown")   # up() sets no platform
 
 
 def test_a_failed_round_leaves_nothing_half_written(store):
@@ -129,3 +132,120 @@ def test_a_failed_round_leaves_nothing_half_written(store):
     with pytest.raises(sqlite3.Error):
         store.record_round(T0 + 30, [up("n"), bad])
     assert store.db.execute("SELECT count(*) FROM scrapes WHERE ts = ?", (T0 + 30,)).fetchone()[0] == 0
+
+
+# The schema of vcamon 0.1.0, before the platform was recorded (store.py at the first release).
+OLD_SCHEMA = """
+CREATE TABLE series (id INTEGER PRIMARY KEY, node TEXT NOT NULL, metric TEXT NOT NULL,
+    label TEXT NOT NULL DEFAULT '', UNIQUE (node, metric, label));
+CREATE TABLE samples (series_id INTEGER NOT NULL REFERENCES series(id), ts INTEGER NOT NULL, value REAL NOT NULL,
+    PRIMARY KEY (series_id, ts)) WITHOUT ROWID;
+CREATE TABLE rollups (series_id INTEGER NOT NULL REFERENCES series(id), ts INTEGER NOT NULL, min REAL NOT NULL,
+    mean REAL NOT NULL, max REAL NOT NULL, n INTEGER NOT NULL, PRIMARY KEY (series_id, ts)) WITHOUT ROWID;
+CREATE TABLE scrapes (node TEXT NOT NULL, ts INTEGER NOT NULL, up INTEGER NOT NULL, duration_ms REAL, error TEXT,
+    PRIMARY KEY (node, ts)) WITHOUT ROWID;
+CREATE TABLE events (id INTEGER PRIMARY KEY, ts INTEGER NOT NULL, node TEXT NOT NULL, kind TEXT NOT NULL,
+    subject TEXT, delta INTEGER, value REAL, temperature_c REAL, detail TEXT);
+CREATE INDEX events_ts ON events (ts);
+CREATE TABLE caps (node TEXT NOT NULL, ts INTEGER NOT NULL, constraint_name TEXT NOT NULL, watts REAL,
+    PRIMARY KEY (node, constraint_name, ts)) WITHOUT ROWID;
+CREATE TABLE counters (node TEXT NOT NULL, counter TEXT NOT NULL, value INTEGER NOT NULL,
+    PRIMARY KEY (node, counter)) WITHOUT ROWID;
+CREATE TABLE nodes (node TEXT PRIMARY KEY, url TEXT, up INTEGER, since INTEGER, last_seen INTEGER,
+    last_error TEXT, vca_state TEXT, vca_state_since INTEGER);
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT);
+INSERT INTO series VALUES (1, 'vca-node4', 'temp', 'Package id 0'), (2, 'vca-node4', 'power', '');
+INSERT INTO samples VALUES (1, 1700000100, 71.5), (2, 1700000100, 30.25), (1, 1700000130, 72.0);
+INSERT INTO rollups VALUES (1, 1699999800, 60.0, 65.0, 70.0, 10);
+INSERT INTO scrapes VALUES ('vca-node4', 1700000100, 1, 3.5, NULL), ('vca-node3', 1700000100, 0, 10.0, 'timed out');
+INSERT INTO events VALUES (1, 1700000100, 'vca-node3', 'down', NULL, NULL, NULL, NULL, 'timed out');
+INSERT INTO caps VALUES ('vca-node4', 1700000100, 'long_term', 35.0);
+INSERT INTO counters VALUES ('vca-node4', 'core 0:0', 4);
+INSERT INTO nodes VALUES ('vca-node4', 'http://a:9478/metrics', 1, 1700000100, 1700000130, NULL, 'net_device_ready',
+    1700000100), ('vca-node3', 'http://b:9478/metrics', 0, 1700000100, NULL, 'timed out', 'link_down', 1700000100);
+INSERT INTO meta VALUES ('rolled_up_to', '1700000100');
+"""
+OLD_TABLES = ("series", "samples", "rollups", "scrapes", "events", "caps", "counters", "nodes", "meta")
+OLD_NODE_COLUMNS = "node, url, up, since, last_seen, last_error, vca_state, vca_state_since"
+
+
+def old_database(path):
+    con = sqlite3.connect(path)
+    con.executescript(OLD_SCHEMA)
+    con.close()
+
+
+def dump(db):
+    return {t: sorted(db.execute("SELECT %s FROM %s" % (OLD_NODE_COLUMNS if t == "nodes" else "*", t)).fetchall())
+            for t in OLD_TABLES}
+
+
+def test_a_database_of_the_old_schema_is_migrated_once_and_keeps_every_row(tmp_path):
+    path = str(tmp_path / "old.db")
+    old_database(path)
+    con = sqlite3.connect(path)
+    before = dump(con)
+    con.close()
+
+    store = Store(path)
+    assert store.migrated == ["nodes.platform"]
+    assert dump(store.db) == before                      # nothing lost, nothing changed
+    store.record_round(1_700_000_160, [up("vca-node4", platform="lab")])
+    store.close()
+
+    again = Store(path)                                  # a second open changes nothing
+    assert again.migrated == []
+    status = {r["node"]: r for r in again.status(1_700_000_170)}
+    assert status["vca-node4"]["platform"] == "lab" and status["vca-node4"]["vca_state"] == "net_device_ready"
+    assert status["vca-node3"]["platform"] is None and status["vca-node3"]["error"] == "timed out"
+    out = io.StringIO()
+    again.export_csv(out, 1_699_999_000, 1_700_000_200, node="vca-node4")
+    rows = list(csv.DictReader(io.StringIO(out.getvalue())))
+    by_ts = {(r["ts"], r["metric"]): r["platform"] for r in rows}
+    assert by_ts[("1699999800", "temp")] == "unknown"    # rollup and samples stored before the platform was
+    assert by_ts[("1700000100", "power")] == "unknown"
+    assert by_ts[("1700000160", "power")] == "lab"
+    assert len(rows) == 1 + 3 + 3                        # the old rollup, the old raw samples, the new round
+    again.close()
+
+
+def test_the_platform_is_recorded_per_sample_and_node(store):
+    store.record_round(T0, [up("a", platform="lab"), up("b", platform="hardware"), up("c")])
+    store.record_round(T0 + 30, [up("a", platform="lab"), up("b", platform="hardware"), up("c", platform="bogus")])
+    store.record_round(T0 + 60, [up("a", platform="hardware"), down("b"), up("c", platform="unknown")])
+    assert store.db.execute("SELECT node, ts, platform FROM platforms ORDER BY node, ts").fetchall() == [
+        ("a", T0, "lab"), ("a", T0 + 60, "hardware"), ("b", T0, "hardware"), ("c", T0, "unknown")]
+    status = {r["node"]: r["platform"] for r in store.status(T0 + 70)}
+    assert status == {"a": "hardware", "b": "hardware", "c": "unknown"}   # b is down: its last platform
+    rows = list(store.export_rows(T0, T0 + 60, node="a"))
+    assert [(r["ts"], r["platform"]) for r in rows if r["metric"] == "power"] == [
+        (T0, "lab"), (T0 + 30, "lab"), (T0 + 60, "hardware")]
+    assert store.chart("a", T0, T0 + 20)["platforms"] == ["lab"]
+    assert store.chart("a", T0, T0 + 90)["platforms"] == ["hardware", "lab"]
+    out = io.StringIO()
+    store.export_json(out, T0, T0 + 60, node="b")
+    assert {r["platform"] for r in json.loads(out.getvalue())} == {"hardware"}
+    store.rollup(T0 + ROLLUP_S)                         # one bucket with both of a's platforms
+    store.prune(T0 + 30 * DAY_S)
+    mean = [r for r in store.export_rows(T0 - 1, T0 + 60, node="a") if r["metric"] == "power"]
+    assert [(r["resolution"], r["platform"]) for r in mean] == [("5m", "mixed")]
+
+
+def test_a_migration_another_process_finished_first_is_not_applied_twice(tmp_path, monkeypatch):
+    path = str(tmp_path / "old.db")
+    old_database(path)
+    first = Store(path)                                  # the other process: it migrates the file
+    assert first.migrated == ["nodes.platform"]
+    db = store_module.connect(path)
+    real = store_module._columns
+    looks = []
+
+    def stale_then_real(con, table):                     # our first look happened before the other's ALTER
+        looks.append(table)
+        return real(con, table) - {"platform"} if len(looks) == 1 else real(con, table)
+
+    monkeypatch.setattr(store_module, "_columns", stale_then_real)
+    assert store_module.migrate(db) == []                # looked again under the write lock: nothing to add
+    assert len(looks) == 2
+    db.close()
+    first.close()

@@ -1,13 +1,16 @@
-"""vcamon in the whole-site converge on the small lab: rows from every live node, down rows for node 3, status, page.
+"""vcamon in the whole-site converge on the small lab: rows from every live node, down rows for node 3, status, page,
+where each agent and the page listen, and the platform of every node.
 
-The lab's host is addressed as docker://<lab>-host (the lab name from VCA_LAB_NAME).
+The lab's machines are addressed as docker://<lab>-host, docker://<lab>-node<n> (the lab name from VCA_LAB_NAME).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
+from urllib.parse import urlparse
 
 import pytest
 import testinfra
@@ -22,6 +25,18 @@ def host():
 
 DB = "/var/lib/vcamon/vcamon.db"
 LIVE = {"host", "vca-node0", "vca-node4"}
+
+
+def unit_listen(machine, unit):
+    """The --listen of a vcamon unit as installed: addr:port."""
+    text = machine.file("/etc/systemd/system/%s" % unit).content_string
+    return re.search(r"--listen (\S+)", text).group(1)
+
+
+def fetch(host, url):
+    """url fetched from inside the lab host, as text."""
+    return host.check_output("python3 -c %s" % json.dumps(
+        "import urllib.request as u; print(u.urlopen(%r, timeout=10).read().decode())" % url))
 
 
 def sql(host, query):
@@ -65,15 +80,41 @@ def test_down_rows_and_event_for_dead_node3(host, collected):
 
 def test_status_command(host, collected):
     out = host.check_output("vcamon status")
-    lines = {line.split()[0]: line for line in out.splitlines()[1:]}
+    table, _, notes = out.partition("\n\n")                   # the table, then what its platforms mean
+    lines = {line.split()[0]: line.split() for line in table.splitlines()[1:]}
     assert set(lines) == LIVE | {"vca-node3"}
     assert "DOWN" in lines["vca-node3"] and "link_down" in lines["vca-node3"]
-    assert " up " in lines["vca-node0"] and "net_device_ready" in lines["vca-node0"]
+    assert "up" in lines["vca-node0"] and "net_device_ready" in lines["vca-node0"]
+    assert lines["vca-node0"][2] == lines["vca-node4"][2] == "lab" and "lab: " in notes
+
+
+def test_no_lab_figure_is_recorded_as_hardware(host, collected):
+    platforms = dict(sql(host, "SELECT node, platform FROM nodes"))
+    assert platforms["vca-node0"] == platforms["vca-node4"] == "lab"
+    assert "hardware" not in platforms.values()
+    assert {p for (p,) in sql(host, "SELECT DISTINCT platform FROM platforms")} <= {"lab", "unknown"}
+
+
+def test_agents_listen_where_the_collector_scrapes_them_and_nowhere_else(host, collected):
+    listed = json.loads(host.file("/etc/vcamon/targets.json").content_string)
+    targets = {t["node"]: urlparse(t["url"]).netloc for t in listed}
+    assert targets["host"] == "127.0.0.1:9478"
+    assert unit_listen(host, "vcamon-agent.service") == targets["host"]
+    assert not host.socket("tcp://0.0.0.0:9478").is_listening
+    for node in LIVE - {"host"}:
+        machine = testinfra.get_host(f"docker://{LAB}-node{node[-1]}")
+        assert unit_listen(machine, "vcamon-agent.service") == targets[node] == f"{LAB}-node{node[-1]}:9478"
+        address = machine.check_output(f"getent ahostsv4 {LAB}-node{node[-1]}").split()[0]
+        assert machine.socket(f"tcp://{address}:9478").is_listening
+        assert not machine.socket("tcp://0.0.0.0:9478").is_listening
+        assert not machine.socket("tcp://127.0.0.1:9478").is_listening
 
 
 def test_page_and_chart_api(host, collected):
-    page = host.check_output("python3 -c 'import urllib.request as u; print(u.urlopen(\"http://127.0.0.1:9480/\").read().decode())'")
+    listen = unit_listen(host, "vcamon-collector.service")
+    assert listen == f"{LAB}-host:9480"                      # inventory/lab/group_vars/vca_host/vcamon.yml
+    assert not host.socket("tcp://0.0.0.0:9480").is_listening
+    page = fetch(host, f"http://{listen}/")
     assert "/static/vendor/uPlot.iife.min.js" in page
-    chart = json.loads(host.check_output(
-        "python3 -c 'import urllib.request as u; print(u.urlopen(\"http://127.0.0.1:9480/api/chart?node=vca-node4&range=1h\").read().decode())'"))
-    assert len(chart["t"]) >= 3 and chart["temps"]
+    chart = json.loads(fetch(host, f"http://{listen}/api/chart?node=vca-node4&range=1h"))
+    assert len(chart["t"]) >= 3 and chart["temps"] and chart["platforms"] == ["lab"]

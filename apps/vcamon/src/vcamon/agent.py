@@ -4,6 +4,10 @@ Everything is read through the same safe sysfs reader as vcafleet's Ansible
 modules (vcamon.hw, links to module_utils/): allow-listed paths only, debugfs
 never walked. A missing sensor is left out of the output (and
 vcamon_sensor_present says so), never reported as 0.
+
+However often it is asked, the agent runs `vcactl status` (on the host, as
+root) and decides its platform at most once per sample interval: both are
+cached with the time they were read.
 """
 
 from __future__ import annotations
@@ -17,12 +21,40 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from .hw.vca_sensors import constraints, coretemp, energy_delta_uj, rapl_package_zone, throttle_counts
+from .hw.vca_sensors import constraints, coretemp, energy_delta_uj, rapl_package_zone, read_all, throttle_counts
 from .hw.vca_sysfs import Sysfs
 from .hw.vcactl import parse_status
+from .net import bind_address
+from .store import PLATFORMS
 
 LOG = logging.getLogger("vcamon.agent")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+DEFAULT_LISTEN = "127.0.0.1:9478"
+
+
+class TimedCache:
+    """A value read at most once per interval (on clock), however many threads ask for it.
+
+    The value is kept with the time it was read; a reader that finds it older
+    than the interval reads it again, under a lock, so a burst of requests at a
+    stale moment still reads once. A failed read (None) is cached too.
+    """
+
+    def __init__(self, read, interval, clock=time.monotonic):
+        self.read = read
+        self.interval = float(interval)
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.value = None
+        self.read_at = None
+
+    def get(self):
+        with self.lock:
+            now = self.clock()
+            if self.read_at is None or not 0 <= now - self.read_at < self.interval:
+                self.value = self.read()
+                self.read_at = now
+            return self.value
 
 
 class PowerMeter:
@@ -42,12 +74,14 @@ class PowerMeter:
 class Sensors:
     """One reading of a node: temperatures, package power, limits, throttle counters, vcactl states."""
 
-    def __init__(self, sysfs_root="/sys", vcactl=None, clock=time.monotonic):
+    def __init__(self, sysfs_root="/sys", vcactl=None, clock=time.monotonic, sample_interval=5.0):
         self.sysfs = Sysfs(sysfs_root)
         self.vcactl = vcactl
         self.clock = clock
         self.meter = PowerMeter()
         self.lock = threading.Lock()
+        self._vca = TimedCache(self._run_vcactl, sample_interval, clock)
+        self._platform = TimedCache(self._read_platform, sample_interval, clock)
 
     def sample_energy(self):
         """Take one energy reading; the sampler thread calls this every few seconds."""
@@ -62,8 +96,24 @@ class Sensors:
             return self.meter.update(int(energy), int(top), self.clock())
 
     def vca_states(self):
+        """vcactl status per node (host only), read at most once per sample interval."""
         if not self.vcactl:
             return None
+        return self._vca.get()
+
+    def platform(self):
+        """hardware | lab | unknown, as the sensors reader decides it (read_all()["platform"])."""
+        return self._platform.get()
+
+    def _read_platform(self):
+        try:
+            value = read_all(self.sysfs.root, sample_seconds=0)["platform"]
+        except Exception as exc:  # a reader that cannot decide says so; it does not stop the agent
+            LOG.warning("deciding the platform failed: %s", exc)
+            return "unknown"
+        return value if value in PLATFORMS else "unknown"
+
+    def _run_vcactl(self):
         try:
             out = subprocess.run([self.vcactl, "status"], capture_output=True, text=True, timeout=10, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -83,6 +133,7 @@ class Sensors:
             "rapl_enabled": (self.sysfs.read_optional(zone + "/enabled") == "1") if zone else None,
             "throttle": throttle_counts(self.sysfs),
             "vca": self.vca_states(),
+            "platform": self.platform(),
         }
 
 
@@ -119,13 +170,16 @@ def families(reading, node):
     """Prometheus metric families for one reading; an absent sensor yields no family."""
     info = GaugeMetricFamily("vcamon_agent_info", "vcamon agent on this machine", labels=["node"])
     info.add_metric([node], 1)
+    platform = GaugeMetricFamily("vcamon_platform", "where these figures come from: hardware, lab (the "
+                                 "simulator) or unknown", labels=["platform"])
+    platform.add_metric([reading.get("platform") or "unknown"], 1)
     present = GaugeMetricFamily("vcamon_sensor_present", "1 when the sensor exists here", labels=["sensor"])
     throttle = reading["throttle"]
     present.add_metric(["coretemp"], 1 if reading["temps"] else 0)
     present.add_metric(["rapl"], 1 if reading["limits"] or reading["power_w"] is not None else 0)
     present.add_metric(["core_throttle"], 1 if throttle["core"] else 0)
     present.add_metric(["package_throttle"], 1 if throttle["package"] else 0)
-    out = [info, present]
+    out = [info, platform, present]
     if reading["temps"]:
         temp = GaugeMetricFamily("vcamon_temperature_celsius", "coretemp reading by label", labels=["sensor"])
         for label, value in sorted(reading["temps"].items()):
@@ -163,9 +217,9 @@ def exposition(sensors, node):
     return generate_latest(registry)
 
 
-def start_agent(listen, node, sysfs_root="/sys", vcactl=None, sample_interval=5.0):
+def start_agent(listen, node, sysfs_root="/sys", vcactl=None, sample_interval=5.0, *, clock=time.monotonic):
     """The agent's HTTP server (not yet serving) and the event that stops its power sampler."""
-    sensors = Sensors(sysfs_root, vcactl)
+    sensors = Sensors(sysfs_root, vcactl, clock=clock, sample_interval=sample_interval)
     stop = threading.Event()
 
     def sampler():
@@ -199,15 +253,14 @@ def start_agent(listen, node, sysfs_root="/sys", vcactl=None, sample_interval=5.
         def log_message(self, fmt, *args):
             LOG.debug(fmt, *args)
 
-    host, _, port = listen.rpartition(":")
-    server = ThreadingHTTPServer((host or "0.0.0.0", int(port)), Handler)
+    server = ThreadingHTTPServer(bind_address(listen), Handler)
     return server, stop
 
 
 def serve(listen, node, sysfs_root="/sys", vcactl=None, sample_interval=5.0):
     """Run the agent until interrupted."""
     server, stop = start_agent(listen, node, sysfs_root, vcactl, sample_interval)
-    LOG.info("vcamon agent for %s on %s (sysfs %s)", node, listen, sysfs_root)
+    LOG.info("vcamon agent for %s on %s (%s:%d, sysfs %s)", node, listen, *server.server_address[:2], sysfs_root)
     try:
         server.serve_forever()
     finally:

@@ -10,9 +10,14 @@ import time
 
 from . import agent, collector
 from .store import Store
-from .web import parse_span
+from .web import DEFAULT_LISTEN as WEB_LISTEN
+from .web import parse_span, read_token_file
 
 DEFAULT_DB = os.environ.get("VCAMON_DB", "/var/lib/vcamon/vcamon.db")
+PLATFORM_NOTES = {
+    "lab": "lab: figures from the lab simulator (lab/sim), not hardware",
+    "unknown": "unknown: no evidence of VCA hardware was found (or not recorded); not hardware figures",
+}
 
 
 def _span(text):
@@ -31,17 +36,21 @@ def _num(value, fmt):
 
 
 def status_table(rows, now):
-    head = ("node", "agent", "since", "vcactl", "hottest C", "package W", "PL1/PL2 W", "throttle 24h", "last seen")
+    head = ("node", "agent", "platform", "since", "vcactl", "hottest C", "package W", "PL1/PL2 W", "throttle 24h",
+            "last seen")
     lines = [head]
     for r in rows:
         agent = {True: "up", False: "DOWN", None: "-"}[r["up"]]
         seen = "%d s ago" % (now - r["last_seen"]) if r["last_seen"] else "never"
-        lines.append((r["node"], agent, _when(r["since"]), r["vca_state"] or "-", _num(r["hottest_c"], "%.1f"),
-                      _num(r["power_w"], "%.1f"), "%s/%s" % (_num(r["pl1_w"], "%g"), _num(r["pl2_w"], "%g")),
-                      str(r["throttle_24h"]), seen))
+        lines.append((r["node"], agent, r.get("platform") or "-", _when(r["since"]), r["vca_state"] or "-",
+                      _num(r["hottest_c"], "%.1f"), _num(r["power_w"], "%.1f"),
+                      "%s/%s" % (_num(r["pl1_w"], "%g"), _num(r["pl2_w"], "%g")), str(r["throttle_24h"]), seen))
     widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-                     for row in lines)
+    out = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in lines]
+    seen_platforms = {r.get("platform") for r in rows}
+    notes = [note for platform, note in PLATFORM_NOTES.items() if platform in seen_platforms]
+    out += ["", *notes] if notes else []
+    return "\n".join(out)
 
 
 def open_store(path):
@@ -50,23 +59,26 @@ def open_store(path):
     return Store(path)
 
 
-def main(argv=None):
+def parser():
     ap = argparse.ArgumentParser(prog="vcamon", description=__doc__)
     ap.add_argument("-v", "--verbose", action="store_true")
     sub = ap.add_subparsers(dest="command", required=True)
 
     a = sub.add_parser("agent", help="serve this machine's sensors in the Prometheus text format")
-    a.add_argument("--listen", default="0.0.0.0:9478")
+    a.add_argument("--listen", default=agent.DEFAULT_LISTEN,
+                   help="addr:port (an address or a name; default %(default)s)")
     a.add_argument("--node", required=True, help="this machine's name (the inventory host)")
     a.add_argument("--sysfs-root", default="/sys")
     a.add_argument("--vcactl", help="path of vcactl: on the host, report every node's state")
-    a.add_argument("--sample-interval", type=float, default=5.0, help="seconds between energy readings")
+    a.add_argument("--sample-interval", type=float, default=5.0,
+                   help="seconds between energy readings; vcactl and the platform are read at most this often")
 
     c = sub.add_parser("collector", help="scrape the agents into SQLite and serve the web page")
     c.add_argument("--db", default=DEFAULT_DB)
     c.add_argument("--targets", required=True, help="targets.json: [{node, url, vca_node}]")
     c.add_argument("--interval", type=float, default=30.0)
-    c.add_argument("--listen", default="0.0.0.0:9480", help="web page address ('' for none)")
+    c.add_argument("--listen", default=WEB_LISTEN, help="web page addr:port (default %(default)s; '' for none)")
+    c.add_argument("--web-token-file", help="a file holding the page's token: every request must then carry it")
     c.add_argument("--raw-days", type=int, default=14)
     c.add_argument("--rollup-days", type=int, default=365)
 
@@ -78,13 +90,18 @@ def main(argv=None):
     e.add_argument("--since", type=_span, default=_span("1d"), help="e.g. 30m, 6h, 1d, 2w (default 1d)")
     e.add_argument("--node")
 
-    x = sub.add_parser("export", help="samples as CSV")
+    x = sub.add_parser("export", help="samples, each with its platform, as CSV or JSON")
     x.add_argument("--db", default=DEFAULT_DB)
-    x.add_argument("--csv", action="store_true", required=True, help="CSV on stdout (the only format)")
+    fmt = x.add_mutually_exclusive_group(required=True)
+    fmt.add_argument("--csv", action="store_true", help="CSV on stdout")
+    fmt.add_argument("--json", action="store_true", help="a JSON array of objects on stdout")
     x.add_argument("--since", type=_span, default=_span("1d"))
     x.add_argument("--node")
+    return ap
 
-    args = ap.parse_args(argv)
+
+def main(argv=None):
+    args = parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     now = int(time.time())
@@ -93,8 +110,9 @@ def main(argv=None):
     elif args.command == "collector":
         os.makedirs(os.path.dirname(os.path.abspath(args.db)), exist_ok=True)
         try:
+            token = read_token_file(args.web_token_file) if args.web_token_file else None
             collector.run(args.db, args.targets, args.interval, listen=args.listen or None,
-                          raw_days=args.raw_days, rollup_days=args.rollup_days)
+                          raw_days=args.raw_days, rollup_days=args.rollup_days, web_token=token)
         except (OSError, ValueError) as exc:
             sys.exit("vcamon collector: %s" % exc)
     elif args.command == "status":
@@ -105,5 +123,6 @@ def main(argv=None):
                      "down": ev["detail"] or "", "cap": "%s W" % _num(ev["value"], "%g")}.get(ev["kind"], "")
             print("%s  %-10s %-8s %-12s %s" % (_when(ev["ts"]), ev["node"], ev["kind"], ev["subject"] or "", extra))
     elif args.command == "export":
-        open_store(args.db).export_csv(sys.stdout, now - args.since, now, args.node)
+        store = open_store(args.db)
+        (store.export_json if args.json else store.export_csv)(sys.stdout, now - args.since, now, args.node)
     return 0

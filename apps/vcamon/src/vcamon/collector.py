@@ -50,6 +50,8 @@ def parse(node, text, url=""):
                 s.throttle["%s %s" % (labels["scope"], labels["id"])] = int(value)
             elif name == "vcamon_vca_node_state":
                 s.vca_states[int(labels["vca_node"])] = labels["state"]
+            elif name == "vcamon_platform" and value == 1:
+                s.platform = labels["platform"]
     return s
 
 
@@ -105,10 +107,10 @@ class Collector:
             self.stop.wait(delay)
 
 
-def run(db_path, targets_path, interval, *, listen=None, raw_days=14, rollup_days=365):
+def run(db_path, targets_path, interval, *, listen=None, raw_days=14, rollup_days=365, web_token=None):
     targets = load_targets(targets_path)
     store = Store(db_path, raw_days, rollup_days)
     collector = Collector(store, targets, interval)
     if listen:
-        start_web(listen, db_path)
+        start_web(listen, db_path, token=web_token)
     collector.run()

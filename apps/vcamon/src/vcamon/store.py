@@ -2,18 +2,27 @@
 
 One file in WAL mode. Each scrape round is one transaction, so a collector
 killed mid-write leaves the last whole round and nothing half-written.
-The schema is documented in apps/vcamon/README.md.
+The schema is documented in apps/vcamon/README.md. A database made by an
+older vcamon is brought up to this schema when it is opened (MIGRATIONS:
+columns added in place, once; nothing is dropped or rewritten).
 """
 
 from __future__ import annotations
 
 import csv
+import json
+import logging
 import sqlite3
 import time
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 
+LOG = logging.getLogger("vcamon.store")
 ROLLUP_S = 300
 DAY_S = 86400
+# Where a node's figures come from, as its agent reports it (the sensors reader's result["platform"]).
+# Anything else an agent says, or nothing (an older agent), is stored as unknown.
+PLATFORMS = ("hardware", "lab", "unknown")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS series (
@@ -79,10 +88,22 @@ CREATE TABLE IF NOT EXISTS nodes (
     last_seen INTEGER,
     last_error TEXT,
     vca_state TEXT,                -- from the host agent's vcactl status
-    vca_state_since INTEGER
+    vca_state_since INTEGER,
+    platform TEXT                  -- hardware | lab | unknown: what the agent last said (MIGRATIONS)
 );
+CREATE TABLE IF NOT EXISTS platforms (
+    node TEXT NOT NULL,
+    ts INTEGER NOT NULL,           -- first round the agent reported this platform
+    platform TEXT NOT NULL,        -- hardware | lab | unknown; in force until the node's next row
+    PRIMARY KEY (node, ts)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 """
+
+# Columns added since the first schema: (table, column, declaration). Applied at open when missing.
+MIGRATIONS = (
+    ("nodes", "platform", "TEXT"),
+)
 
 
 @dataclass
@@ -99,6 +120,7 @@ class Scrape:
     limits: dict = field(default_factory=dict)       # constraint -> W
     throttle: dict = field(default_factory=dict)     # 'core 0:2' / 'package 0' -> count
     vca_states: dict = field(default_factory=dict)   # vcactl node index -> state (host agent only)
+    platform: str | None = None                      # hardware | lab | unknown (vcamon_platform)
 
 
 def connect(path, timeout=30.0):
@@ -107,6 +129,49 @@ def connect(path, timeout=30.0):
     db.execute("PRAGMA synchronous=NORMAL")
     db.execute("PRAGMA foreign_keys=ON")
     return db
+
+
+def _columns(db, table):
+    return {row[1] for row in db.execute("PRAGMA table_info(%s)" % table)}
+
+
+def migrate(db):
+    """Add the columns an older database lacks (MIGRATIONS); a no-op on a current one.
+
+    Checked and altered inside one write transaction, so two processes opening
+    the same old file at once add each column once.
+    """
+    if all(column in _columns(db, table) for table, column, _ in MIGRATIONS):
+        return []
+    done = []
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        for table, column, decl in MIGRATIONS:
+            if column not in _columns(db, table):
+                db.execute("ALTER TABLE %s ADD COLUMN %s %s" % (table, column, decl))
+                done.append("%s.%s" % (table, column))
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    return done
+
+
+def platforms_during(log, lo, hi):
+    """The platforms in force at some time in [lo, hi) from one node's (times, platforms) log.
+
+    Before the node's first row (samples stored before vcamon recorded the
+    platform) it is unknown.
+    """
+    times, names = log or ((), ())
+    i = bisect_right(times, lo) - 1
+    found = {names[i] if i >= 0 else "unknown"}
+    found.update(names[i + 1:bisect_left(times, hi)])
+    return found
+
+
+def one_platform(found):
+    return next(iter(found)) if len(found) == 1 else "mixed"
 
 
 def throttle_temperature(scrape, counter):
@@ -124,6 +189,9 @@ class Store:
         self.rollup_days = rollup_days
         self.db = connect(path)
         self.db.executescript(SCHEMA)
+        self.migrated = migrate(self.db)
+        if self.migrated:
+            LOG.info("%s: added %s", path, ", ".join(self.migrated))
         self._series = {}
 
     def close(self):
@@ -169,8 +237,10 @@ class Store:
                 db.execute("INSERT INTO events (ts, node, kind, detail) VALUES (?, ?, 'down', ?)",
                            (ts, s.node, s.error))
             return
-        db.execute("UPDATE nodes SET up = 1, last_seen = ?, last_error = NULL, url = ? WHERE node = ?",
-                   (ts, s.url, s.node))
+        platform = s.platform if s.platform in PLATFORMS else "unknown"
+        db.execute("UPDATE nodes SET up = 1, last_seen = ?, last_error = NULL, url = ?, platform = ? WHERE node = ?",
+                   (ts, s.url, platform, s.node))
+        self._record_platform(ts, s.node, platform)
         if was_up == 0:
             db.execute("UPDATE nodes SET since = ? WHERE node = ?", (ts, s.node))
             db.execute("INSERT INTO events (ts, node, kind) VALUES (?, ?, 'up')", (ts, s.node))
@@ -180,6 +250,13 @@ class Store:
         db.executemany("INSERT OR REPLACE INTO samples (series_id, ts, value) VALUES (?, ?, ?)", rows)
         self._record_counters(ts, s)
         self._record_caps(ts, s)
+
+    def _record_platform(self, ts, node, platform):
+        row = self.db.execute("SELECT platform FROM platforms WHERE node = ? ORDER BY ts DESC LIMIT 1",
+                              (node,)).fetchone()
+        if row is None or row[0] != platform:
+            self.db.execute("INSERT OR REPLACE INTO platforms (node, ts, platform) VALUES (?, ?, ?)",
+                            (node, ts, platform))
 
     def _record_counters(self, ts, s):
         db = self.db
@@ -226,6 +303,18 @@ class Store:
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return default if row is None else row[0]
 
+    def platform_log(self, node=None):
+        """{node: (times, platforms)}: when each node's platform changed, oldest first."""
+        sql, args = "SELECT node, ts, platform FROM platforms", ()
+        if node:
+            sql, args = sql + " WHERE node = ?", (node,)
+        log = {}
+        for n, ts, platform in self.db.execute(sql + " ORDER BY node, ts", args):
+            times, names = log.setdefault(n, ([], []))
+            times.append(ts)
+            names.append(platform)
+        return log
+
     def rollup(self, now):
         """Fold every finished 5-minute bucket of raw samples into rollups (min/mean/max)."""
         end = int(now) // ROLLUP_S * ROLLUP_S
@@ -268,8 +357,8 @@ class Store:
     def status(self, now=None, throttle_window_s=DAY_S):
         now = int(now or time.time())
         out = []
-        for node, up, since, last_seen, last_error, vca_state in self.db.execute(
-                "SELECT node, up, since, last_seen, last_error, vca_state FROM nodes ORDER BY node"):
+        for node, up, since, last_seen, last_error, vca_state, platform in self.db.execute(
+                "SELECT node, up, since, last_seen, last_error, vca_state, platform FROM nodes ORDER BY node"):
             latest = dict(self.db.execute(
                 "SELECT s.metric || ':' || s.label, v.value FROM series s JOIN samples v ON v.series_id = s.id "
                 "WHERE s.node = ? AND v.ts = (SELECT max(ts) FROM samples WHERE series_id = s.id)",
@@ -284,7 +373,7 @@ class Store:
                 (node, now - throttle_window_s)).fetchone()[0]
             out.append({
                 "node": node, "up": None if up is None else bool(up), "since": since, "last_seen": last_seen,
-                "error": last_error, "vca_state": vca_state,
+                "error": last_error, "vca_state": vca_state, "platform": platform,
                 "hottest_c": max(temps) if temps else None, "power_w": latest.get("power:"),
                 "pl1_w": caps.get("long_term"), "pl2_w": caps.get("short_term"), "throttle_24h": throttled,
             })
@@ -305,24 +394,49 @@ class Store:
         cols = ("ts", "node", "kind", "subject", "delta", "value", "temperature_c", "detail")
         return [dict(zip(cols, row, strict=True)) for row in self.db.execute(sql + " ORDER BY ts, id", args)]
 
-    def export_csv(self, fh, since, until=None, node=None):
-        """Raw samples (and rollup means where raw ones are gone) as ts,node,metric,label,value."""
+    EXPORT_COLUMNS = ("ts", "iso_time", "node", "metric", "label", "value", "resolution", "platform")
+
+    def export_rows(self, since, until=None, node=None):
+        """Raw samples (and rollup means where raw ones are gone), oldest first, each with its platform.
+
+        A raw sample's platform is the one its node's agent reported in that
+        round; a 5-minute mean's is "mixed" when the platform changed inside
+        the bucket.
+        """
         until = int(until or time.time()) + 1
-        writer = csv.writer(fh)
-        writer.writerow(["ts", "iso_time", "node", "metric", "label", "value", "resolution"])
         where = "s.node = ?" if node else "1"
         args = [node] if node else []
-        rows = 0
+        log = self.platform_log(node)
         oldest_raw = self.db.execute("SELECT min(ts) FROM samples").fetchone()[0] or until
-        for table, col, res in (("rollups", "mean", "5m"), ("samples", "value", "raw")):
+        for table, col, res, width in (("rollups", "mean", "5m", ROLLUP_S), ("samples", "value", "raw", 1)):
             hi = oldest_raw if table == "rollups" else until
             for ts, n, metric, label, value in self.db.execute(
                     "SELECT v.ts, s.node, s.metric, s.label, v.%s FROM %s v JOIN series s ON s.id = v.series_id "
                     "WHERE %s AND v.ts >= ? AND v.ts < ? ORDER BY v.ts, s.node, s.metric, s.label"
                     % (col, table, where), [*args, int(since), hi]):
-                writer.writerow([ts, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts)), n, metric, label,
-                                 round(value, 3), res])
-                rows += 1
+                yield {"ts": ts, "iso_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts)), "node": n,
+                       "metric": metric, "label": label, "value": round(value, 3), "resolution": res,
+                       "platform": one_platform(platforms_during(log.get(n), ts, ts + width))}
+
+    def export_csv(self, fh, since, until=None, node=None):
+        """export_rows as CSV (ts,iso_time,node,metric,label,value,resolution,platform); returns the row count."""
+        writer = csv.writer(fh)
+        writer.writerow(self.EXPORT_COLUMNS)
+        rows = 0
+        for row in self.export_rows(since, until, node):
+            writer.writerow([row[c] for c in self.EXPORT_COLUMNS])
+            rows += 1
+        return rows
+
+    def export_json(self, fh, since, until=None, node=None):
+        """export_rows as one JSON array of objects, written as it is read; returns the row count."""
+        rows = 0
+        fh.write("[")
+        for row in self.export_rows(since, until, node):
+            fh.write(",\n" if rows else "\n")
+            fh.write(json.dumps(row))
+            rows += 1
+        fh.write("\n]\n")
         return rows
 
     def chart(self, node, start, end, max_points=720):
@@ -355,6 +469,9 @@ class Store:
             by_ts.setdefault(ts, {})[key] = round(value, 2)
         times = sorted(by_ts)
         data = {key: [by_ts[t].get(key) for t in times] for key in sorted(labels)}
+        platforms = []                   # of the samples shown: every platform in force during them
+        if times:
+            platforms = sorted(platforms_during(self.platform_log(node).get(node), times[0], times[-1] + step))
         caps = self.db.execute(
             "SELECT ts, constraint_name, watts FROM caps WHERE node = ? AND ts <= ? ORDER BY ts",
             (node, end)).fetchall()
@@ -371,6 +488,6 @@ class Store:
         return {
             "node": node, "from": start, "to": end, "resolution": resolution, "t": times,
             "temps": {k: v for k, v in data.items() if k != "power"}, "power": data.get("power", []),
-            "pl1": limits["long_term"], "pl2": limits["short_term"],
+            "pl1": limits["long_term"], "pl2": limits["short_term"], "platforms": platforms,
             "events": self.events(start, node, ["throttle", "down", "up", "cap"], until=end),
         }

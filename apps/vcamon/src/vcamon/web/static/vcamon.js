@@ -13,13 +13,34 @@ function query() {
 
 function fmt(v, digits) { return v === null || v === undefined ? "–" : Number(v).toFixed(digits); }
 
+// Where a node's figures come from (its agent's platform): lab figures are the simulator's, never hardware's.
+const PLATFORM = {
+  lab: ["lab (simulated)", "figures from the lab simulator (lab/sim), not hardware"],
+  hardware: ["hardware", "figures read on VCA hardware"],
+  unknown: ["platform unknown", "no evidence of VCA hardware was found (or not recorded): not hardware figures"],
+};
+
+function badge(platform) {
+  const kind = PLATFORM[platform] ? platform : "unknown";
+  const [text, title] = PLATFORM[kind];
+  return `<span class="badge ${kind}" data-platform="${kind}" title="${title}">${text}</span>`;
+}
+
+async function getJSON(url) {
+  const resp = await fetch(url);
+  if (!resp.ok) throw new Error(resp.status === 401 ? "a token is required: open /?token=<token> once" :
+    `${url}: HTTP ${resp.status}`);
+  return resp.json();
+}
+
 function statusTable(nodes, now) {
   const rows = nodes.map(n => `<tr><td>${n.node}</td>
-    <td class="${n.up ? "" : "down"}">${n.up ? "up" : "down"}</td><td>${n.vca_state || "–"}</td>
+    <td class="${n.up ? "" : "down"}">${n.up ? "up" : "down"}</td><td>${n.platform ? badge(n.platform) : "–"}</td>
+    <td>${n.vca_state || "–"}</td>
     <td>${fmt(n.hottest_c, 1)}</td><td>${fmt(n.power_w, 1)}</td><td>${fmt(n.pl1_w, 0)}/${fmt(n.pl2_w, 0)}</td>
     <td>${n.throttle_24h}</td><td>${n.last_seen ? (now - n.last_seen) + " s ago" : "never"}</td></tr>`);
   document.getElementById("status").innerHTML =
-    "<tr><th>node</th><th>agent</th><th>vcactl</th><th>hottest °C</th><th>package W</th><th>PL1/PL2 W</th>" +
+    "<tr><th>node</th><th>agent</th><th>platform</th><th>vcactl</th><th>hottest °C</th><th>package W</th><th>PL1/PL2 W</th>" +
     "<th>throttle 24 h</th><th>last seen</th></tr>" + rows.join("");
 }
 
@@ -58,20 +79,23 @@ async function nodeCharts(main, node, span) {
   main.appendChild(box);
   const params = new URLSearchParams({ node });
   if (span.from) { params.set("from", span.from); params.set("to", span.to); } else { params.set("range", span.range); }
-  const data = await (await fetch("/api/chart?" + params)).json();
+  const data = await getJSON("/api/chart?" + params);
+  const platforms = data.platforms || [];
+  box.querySelector("h2").insertAdjacentHTML("beforeend", platforms.map(badge).join(""));
+  const from = platforms.includes("lab") ? " · lab (simulated)" : "";
   if (!data.t || data.t.length === 0) {
     box.insertAdjacentHTML("beforeend", `<p class="empty">no samples in this range</p>`);
     return 0;
   }
   const temps = Object.keys(data.temps).map((label, i) => ({
     data: data.temps[label], opts: { label, stroke: COLORS[i % COLORS.length] } }));
-  chart(box, `${node} temperature (${data.resolution})`, "°C", data.t, temps, data.events);
+  chart(box, `${node} temperature (${data.resolution})${from}`, "°C", data.t, temps, data.events);
   const power = [
     { data: data.power, opts: { label: "package W", stroke: "#1f77b4", fill: "rgba(31,119,180,0.1)" } },
     { data: data.pl1, opts: { label: "PL1", stroke: "#ff7f0e", dash: [6, 4] } },
     { data: data.pl2, opts: { label: "PL2", stroke: "#9467bd", dash: [2, 4] } },
   ];
-  chart(box, `${node} power (${data.resolution})`, "W", data.t, power, data.events);
+  chart(box, `${node} power (${data.resolution})${from}`, "W", data.t, power, data.events);
   return data.t.length;
 }
 
@@ -82,7 +106,7 @@ async function main() {
     span.from = Math.floor(new Date(p.get("from")).getTime() / 1000);
     span.to = p.get("to") ? Math.floor(new Date(p.get("to")).getTime() / 1000) : Math.floor(Date.now() / 1000);
   }
-  const status = await (await fetch("/api/nodes")).json();
+  const status = await getJSON("/api/nodes");
   statusTable(status.nodes, status.now);
   const charts = document.getElementById("charts");
   let points = 0;
