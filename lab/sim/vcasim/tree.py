@@ -81,6 +81,11 @@ class SysfsTree:
             _ensure(base / "thermal_throttle/package_throttle_count", "0")
             _ensure(base / "topology/core_id", str(cpu % n["cores"]))
             _ensure(base / "topology/physical_package_id", "0")
+            # cpufreq as intel_pstate offers it; the firmware's default is powersave.
+            (base / "cpufreq").mkdir(exist_ok=True)
+            _ensure(base / "cpufreq/scaling_driver", "intel_pstate")
+            _ensure(base / "cpufreq/scaling_available_governors", "performance powersave")
+            _ensure(base / "cpufreq/scaling_governor", "powersave")
 
     def read_limits(self) -> Limits:
         """The limits in force, found by constraint name as the kernel exposes them.

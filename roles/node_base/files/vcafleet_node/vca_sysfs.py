@@ -1,0 +1,1 @@
+../../../../module_utils/vca_sysfs.py
