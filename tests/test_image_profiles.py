@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
 
 from conftest import ROOT
-from vca_image.build import recipe, user_hooks
-from vca_image.profile import ProfileError, kernel_debs, list_profiles, load
+from vca_image import cli
+from vca_image.build import configure, recipe, user_hooks
+from vca_image.profile import UNSET, ProfileError, agent_units, kernel_debs, list_profiles, load
 
 PROFILES = ROOT / "image_builder" / "profiles"
 
@@ -142,3 +145,161 @@ def test_user_hook_passes_names_as_words(tmp_path):
     assert argv == [str(tmp_path / "rootfs"), "useradd", "--create-home", "--shell", "/bin/bash",
                     "--groups", ",".join(user["groups"]), "--", "vcaadmin"]
     assert not pwned.exists()
+
+
+# Profiles of one's own: `extends: NAME` beside the profile first, then in the shipped profiles.
+
+@pytest.fixture
+def own(tmp_path):
+    """A directory of one's own, away from the shipped profiles (tmp_path/profiles)."""
+    (tmp_path / "home" / "vca").mkdir(parents=True)
+    return tmp_path / "home" / "vca"
+
+
+def test_a_profile_of_ones_own_extends_a_shipped_profile_by_name(pdir, own):
+    (own / "mine.yml").write_text("extends: debian-12\npackages: [vim]\nverify: {mem_floor_mib: 512}\n")
+    profile = load(str(own / "mine.yml"), pdir)
+    assert profile["name"] == "mine" and profile["suite"] == "bookworm"
+    assert {"vim", "pocl-opencl-icd", "lm-sensors"} <= set(profile["packages"])      # its own, debian-12's, base's
+    assert profile["verify"] == {"mem_floor_mib": 512} and profile["kernel"]["packages"] == ["linux-image-amd64"]
+    assert profile["_files"] == [str(own / "mine.yml"), str(pdir / "debian-12.yml"), str(pdir / "base.yml")]
+    # the shipped overlay is found from the builder's base (the directory above _files[0]), as build.py looks
+    base = Path(profile["_files"][0]).resolve().parent.parent
+    assert [(base / o).resolve() for o in profile["overlays"]] == [(pdir.parent / "overlays/node").resolve()]
+    first = recipe(profile)
+    verifier = pdir.parent / "overlays/node/usr/local/sbin/vca-node-verify"
+    verifier.write_text(verifier.read_text() + "# changed\n")
+    assert recipe(load(str(own / "mine.yml"), pdir)) != first        # the recipe follows the shipped overlay
+
+
+def test_a_shipped_profile_keeps_its_overlays_relative(pdir):
+    """Its recipe (written into the image) names no absolute path: two checkouts build the same bits."""
+    assert load("debian-12", pdir)["overlays"] == ["overlays/node"]
+
+
+def test_vca_image_takes_a_profile_of_ones_own_that_extends_ubuntu(pdir, own, tmp_path, monkeypatch, capsys):
+    """The report: `vca-image build --profile ~/mine.yml` with `extends: ubuntu-22.04` said `no such profile`.
+    recipe loads the profile as build does, every profile error first, without building."""
+    (tmp_path / "debs").mkdir()
+    monkeypatch.setenv("VCA_KERNEL_DEBS", str(tmp_path / "debs"))
+    monkeypatch.setenv("VCA_IMAGE_PROFILES", str(pdir))
+    (own / "mine.yml").write_text("extends: ubuntu-22.04\nkernel: {vca_userspace: {version: 2.3.26}}\n")
+    assert cli.main(["recipe", "--profile", str(own / "mine.yml")]) == 0
+    assert re.fullmatch(r"[0-9a-f]{16}\n", capsys.readouterr().out)
+    profile = load(str(own / "mine.yml"))
+    assert profile["suite"] == "jammy" and profile["kernel"]["vca_userspace"]["version"] == "2.3.26"
+    assert profile["kernel"]["vca_userspace"]["agent_units"] == ["vca_agent.service"]   # the rest is ubuntu's
+
+
+def test_extends_a_name_found_nowhere_names_both_places(pdir, own):
+    (own / "mine.yml").write_text("extends: ubuntu-24.04\n")
+    with pytest.raises(ProfileError) as err:
+        load(str(own / "mine.yml"), pdir)
+    assert str(err.value) == ("%s: extends: no profile ubuntu-24.04: no ubuntu-24.04.yml in %s (beside it) or %s "
+                              "(the shipped profiles)" % (own / "mine.yml", own, pdir))
+
+
+def test_a_sibling_is_found_before_a_shipped_profile_of_the_same_name(pdir, own):
+    """mine -> debian-12 beside it (not the shipped one) -> base, which is only shipped."""
+    (own / "mine.yml").write_text("extends: debian-12\n")
+    (own / "debian-12.yml").write_text("extends: base\ndescription: my own Debian\nsuite: trixie\n"
+                                       "mirror: http://deb.debian.org/debian\n"
+                                       "kernel: {source: distribution, packages: [linux-image-amd64]}\n")
+    profile = load(str(own / "mine.yml"), pdir)
+    assert profile["suite"] == "trixie" and profile["description"] == "my own Debian"
+    assert "pocl-opencl-icd" not in profile["packages"]                # nothing from the shipped debian-12
+    assert profile["_files"] == [str(own / "mine.yml"), str(own / "debian-12.yml"), str(pdir / "base.yml")]
+
+
+# Intel's node-side VCA userspace (kernel.vca_userspace), from kernel.debs_dir beside the kernel.
+
+KERNEL_DEB = "linux-image-4.14.20-1.2.3.26.vca_4.14.20-1.2.3.26.vca_amd64.deb"
+NODE_DEB = "vcass-modules-4.14.20-1.2.3.26.vca_2.3.26_amd64.deb"
+
+
+@pytest.fixture
+def debs(tmp_path, monkeypatch):
+    """Intel's files as an owner has them (empty: selection works on the names), with neighbours."""
+    d = tmp_path / "debs"
+    d.mkdir()
+    for name in (KERNEL_DEB, NODE_DEB, "linux-headers-4.14.20-1.2.3.26.vca_4.14.20-1.2.3.26.vca_amd64.deb",
+                 "vcass-modules-4.4.98-1.2.2.0.vca_2.2.0_amd64.deb", "daemon-vca_2.3.26_amd64.deb"):
+        (d / name).write_bytes(b"")
+    monkeypatch.setenv("VCA_KERNEL_DEBS", str(d))
+    return d
+
+
+def mine(own, text="kernel: {vca_userspace: {version: 2.3.26}}\n"):
+    (own / "mine.yml").write_text("extends: ubuntu-22.04\n" + text)
+    return str(own / "mine.yml")
+
+
+def test_node_userspace_is_selected_by_name_and_version_with_the_kernel(pdir, own, debs):
+    profile = load(mine(own), pdir)
+    assert kernel_debs(profile) == [debs / KERNEL_DEB, debs / NODE_DEB]
+    assert agent_units(profile) == ["vca_agent.service"]
+    assert agent_units(load("debian-12", pdir)) == []
+
+
+def test_node_userspace_of_another_version_is_refused(pdir, own, debs):
+    profile = load(mine(own, "kernel: {vca_userspace: {version: 2.3.27}}\n"), pdir)
+    with pytest.raises(ProfileError) as err:
+        kernel_debs(profile)
+    assert str(err.value) == ("%s: vcass-modules-4.14.20-1.2.3.26.vca is version 2.3.26, the profile asks for "
+                              "2.3.27 (kernel.vca_userspace.version)" % (debs / NODE_DEB))
+
+
+def test_missing_node_userspace_is_named_with_the_kernel_problem(pdir, own, debs):
+    (debs / NODE_DEB).unlink()
+    (debs / KERNEL_DEB).rename(debs / "linux-image-4.14.20-1.2.3.26.vca_4.14.20-1.2.3.25.vca_amd64.deb")
+    with pytest.raises(ProfileError) as err:
+        kernel_debs(load(mine(own), pdir))
+    problems = str(err.value).split("; ")
+    assert len(problems) == 2 and "is version 4.14.20-1.2.3.25.vca, the profile asks for 4.14.20-1.2.3.26.vca" \
+        in problems[0]
+    assert problems[1] == ("%s: no vcass-modules-4.14.20-1.2.3.26.vca_*.deb (Intel's node-side VCA package "
+                           "(kernel.vca_userspace))" % debs)
+
+
+def test_the_shipped_placeholder_version_stops_the_build_naming_the_version_found(pdir, debs):
+    profile = load("ubuntu-22.04", pdir)
+    assert profile["kernel"]["vca_userspace"]["version"] == UNSET
+    with pytest.raises(ProfileError) as err:
+        kernel_debs(profile)
+    assert "kernel.vca_userspace.version is UNSET, a placeholder" in str(err.value)
+    assert "%s is version 2.3.26" % (debs / NODE_DEB) in str(err.value)
+    assert "set kernel.vca_userspace.version: 2.3.26 in a profile of your own" in str(err.value)
+
+
+def test_intel_kernel_without_its_userspace_is_refused(pdir, debs):
+    text = (pdir / "ubuntu-22.04.yml").read_text()
+    (pdir / "bare.yml").write_text(text[:text.index("  # Intel's node packages")] + "formats: [blockio]\n")
+    assert "vca_userspace" not in yaml.safe_load((pdir / "bare.yml").read_text())["kernel"]
+    with pytest.raises(ProfileError, match=r"bare.yml: kernel.vca_userspace is required when kernel.source is "
+                                           r"debs_dir"):
+        load("bare", pdir)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("kernel: {vca_userspace: {names: [vcass-modules], version: '1'}}\n",
+     r"deb.yml: kernel.vca_userspace: 'agent_units' is a required property"),
+    ("kernel: {vca_userspace: {names: [m], version: '1', agent_units: ['vca_agent.service; reboot']}}\n",
+     r"deb.yml: kernel.vca_userspace.agent_units.0: 'vca_agent.service; reboot' is not a systemd service name"),
+    ("kernel: {vca_userspace: {names: [m], version: '1', agent_units: [vca_agent.service]}}\n",
+     r"deb.yml: kernel.vca_userspace: Intel's node packages go with Intel's kernel"),
+])
+def test_vca_userspace_is_checked(pdir, text, message):
+    (pdir / "deb.yml").write_text("extends: debian-12\n" + text)
+    with pytest.raises(ProfileError, match=message):
+        load("deb", pdir)
+
+
+def test_the_image_config_names_the_agent_units_the_verifier_checks(tmp_path):
+    profile = load("debian-12", PROFILES)
+    profile["kernel"]["vca_userspace"] = {"names": ["vcass-modules-x"], "version": "1",
+                                          "agent_units": ["vca_agent.service"]}
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "boot").mkdir(parents=True)
+    configure(profile, rootfs, ROOT / "image_builder", [])
+    conf = (rootfs / "etc/vca-node.conf").read_text()
+    assert "VCA_AGENT_UNITS=vca_agent.service\n" in conf and "IFACE=eth0\n" in conf

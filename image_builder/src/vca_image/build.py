@@ -19,7 +19,7 @@ import threading
 import uuid
 from pathlib import Path
 
-from .profile import kernel_debs
+from .profile import agent_units, kernel_debs
 
 SECTOR = 512
 ROOT_START = 4096                                   # sectors: 1 MiB GPT + 1 MiB BIOS-boot partition
@@ -133,8 +133,9 @@ def configure(profile, rootfs, base, packages_installed):
     write(rootfs, "etc/hostname", "vca-node\n")
     write(rootfs, "etc/hosts", "127.0.0.1\tlocalhost\n127.0.1.1\tvca-node\n")
     write(rootfs, "etc/vca-node.conf", "# per-node values come from the node_image role's overlay\n"
-          "IFACE=%s\nMTU=%d\nMEM_FLOOR_MIB=%d\n"
-          % (net["interface"], net["mtu"], profile.get("verify", {}).get("mem_floor_mib", 256)))
+          "IFACE=%s\nMTU=%d\nMEM_FLOOR_MIB=%d\nVCA_AGENT_UNITS=%s\n"
+          % (net["interface"], net["mtu"], profile.get("verify", {}).get("mem_floor_mib", 256),
+             " ".join(agent_units(profile))))
     for user in profile.get("users", []):
         if user.get("authorized_keys"):
             home = rootfs / ("root" if user["name"] == "root" else "home/%s" % user["name"])

@@ -1,9 +1,13 @@
 """Profiles: YAML files that extend one another, validated before anything is downloaded.
 
-A profile names what it `extends` (another profile in the same directory, by
-name). Mappings merge key by key; `packages` and `overlays` from the child are
-added to the parent's; any other value replaces the parent's. The merged result
-is checked against SCHEMA; every error names the file and the key.
+A profile names what it `extends` by name: a profile in its own directory
+first, then one in the shipped profiles (profiles_dir(), or the directory given
+to load()), so a profile of one's own, anywhere, can extend a shipped one.
+Mappings merge key by key; `packages` and `overlays` from the child are added to
+the parent's; any other value replaces the parent's. An overlay is relative to
+the directory above the profile file that names it (image_builder/ for the
+shipped ones). The merged result is checked against SCHEMA; every error names
+the file and the key.
 """
 
 from __future__ import annotations
@@ -21,6 +25,13 @@ ADDITIVE = ("packages", "overlays")
 # \Z, not $: Python's $ also matches before a trailing newline.
 ACCOUNT_NAME = {"type": "string", "pattern": r"^[a-z_][a-z0-9_-]{0,31}\Z",
                 "description": "a user or group name: [a-z_][a-z0-9_-]*, at most 32 characters"}
+DEB_NAME = {"type": "string", "pattern": r"^[a-z0-9][a-z0-9+.-]*\Z", "description": "a Debian package name"}
+# A systemd service name: it goes into vca-node.conf (KEY=value, space-separated) for the verifier.
+SERVICE_NAME = {"type": "string", "pattern": r"^[A-Za-z0-9:_.@-]+\.service\Z",
+                "description": "a systemd service name (NAME.service)"}
+# kernel.vca_userspace.version in a shipped profile when this project does not know the version of
+# Intel's packages: kernel_debs() refuses it, naming the version it found, before anything is downloaded.
+UNSET = "UNSET"
 
 SCHEMA = {
     "type": "object",
@@ -49,6 +60,19 @@ SCHEMA = {
                 "debs_dir": {"type": "string"},
                 "version": {"type": "string"},
                 "names": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+                # Intel's node-side VCA userspace from the same debs_dir: the VCA modules and the node
+                # agent that reports os_ready/net_device_ready and carries out os-shutdown. Checked by
+                # name and version like the kernel; agent_units go to the verifier (VCA_AGENT_UNITS).
+                "vca_userspace": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["names", "version", "agent_units"],
+                    "properties": {
+                        "names": {"type": "array", "items": DEB_NAME, "minItems": 1},
+                        "version": {"type": "string"},
+                        "agent_units": {"type": "array", "items": SERVICE_NAME, "minItems": 1},
+                    },
+                },
             },
         },
         "users": {
@@ -160,13 +184,40 @@ def _describe(error, origin):
     return "%s: %s: %s" % (origin.get(top, origin["(any)"]), path, error.message)
 
 
+def _extended(path, parent, shipped):
+    """The file that `extends: parent` in the profile at path names: a profile beside it first,
+    then one in the shipped profiles."""
+    places = [path.parent]
+    if shipped.resolve() != path.parent.resolve():
+        places.append(shipped)
+    for place in places:
+        if (place / ("%s.yml" % parent)).is_file():
+            return place / ("%s.yml" % parent)
+    where = "%s (beside it)%s" % (path.parent, " or %s (the shipped profiles)" % shipped if len(places) > 1 else "")
+    raise ProfileError("%s: extends: no profile %s: no %s.yml in %s" % (path, parent, parent, where))
+
+
+def _own_overlays(path, data, base):
+    """data with its overlays made absolute where they are relative to another directory than base
+    (the one above the profile being loaded), so that build.py, which resolves them against base,
+    finds a shipped profile's overlays under a profile of one's own too. Overlays relative to base
+    stay as written: the shipped profiles' recipes name no absolute path."""
+    home = path.parent.parent
+    overlays = data.get("overlays")
+    if not isinstance(overlays, list) or home.resolve() == base.resolve():
+        return data
+    return {**data, "overlays": [str((home / o).resolve()) if isinstance(o, str) else o for o in overlays]}
+
+
 def load(name, directory=None, check_paths=True):
-    """The merged, validated profile `name` (a name in the profiles directory, or a path)."""
+    """The merged, validated profile `name`: a name in the profiles directory, or a path to a
+    .yml anywhere. `extends: NAME` is looked for beside the file that says it, then in the
+    profiles directory (the shipped profiles)."""
     directory = Path(directory or profiles_dir())
     chain, origin = [], {}
     path = Path(name) if name.endswith(".yml") else directory / ("%s.yml" % name)
     while True:
-        if path in chain:
+        if path.resolve() in [p.resolve() for p in chain]:
             loop = " -> ".join(str(p) for p in [*chain, path])
             raise ProfileError("%s: extends loop: %s" % (chain[-1], loop))
         chain.append(path)
@@ -176,11 +227,13 @@ def load(name, directory=None, check_paths=True):
         if "extends" not in data:
             break
         if not isinstance(data["extends"], str) or not re.match(r"^[A-Za-z0-9._-]+$", data["extends"]):
-            raise ProfileError("%s: extends: must name a profile in %s" % (path, path.parent))
-        path = path.parent / ("%s.yml" % data["extends"])
+            raise ProfileError("%s: extends: must name a profile (in %s or %s)" % (path, path.parent, directory))
+        path = _extended(path, data["extends"], directory)
     merged = {}
+    base = chain[0].parent.parent
     for p in reversed(chain):
-        merged = merge(merged, {k: v for k, v in _read(p).items() if k != "abstract" or p == chain[0]})
+        data = {k: v for k, v in _read(p).items() if k != "abstract" or p == chain[0]}
+        merged = merge(merged, _own_overlays(p, data, base))
     merged.pop("extends", None)
     if merged.pop("abstract", False):
         raise ProfileError("%s: abstract: true: it is extended by other profiles, not built on its own" % chain[0])
@@ -190,7 +243,7 @@ def load(name, directory=None, check_paths=True):
     if errors:
         raise ProfileError("\n".join(_describe(e, origin) for e in errors))
     if check_paths:
-        _check_paths(merged, chain[0].parent.parent, origin)   # overlays are relative to image_builder/
+        _check_paths(merged, base, origin)   # overlays: relative to the directory above chain[0], or absolute
     merged["_files"] = [str(p) for p in chain]
     return merged
 
@@ -210,15 +263,24 @@ def _check_paths(profile, base, origin):
         if not debs.is_dir():
             raise ProfileError("%s: kernel.debs_dir: %s is not a directory (Intel's VCA kernel packages are not "
                                "ours to ship: put them there)" % (where, debs))
+        if "vca_userspace" not in kernel:
+            raise ProfileError("%s: kernel.vca_userspace is required when kernel.source is debs_dir: Intel's node "
+                               "packages (the VCA modules and the node agent) from kernel.debs_dir, by names, "
+                               "version and agent_units (docs/SETUP.md)" % where)
     elif not kernel.get("packages"):
         raise ProfileError("%s: kernel.packages is required when kernel.source is distribution" % where)
+    elif "vca_userspace" in kernel:
+        raise ProfileError("%s: kernel.vca_userspace: Intel's node packages go with Intel's kernel "
+                           "(kernel.source: debs_dir), not with the distribution's" % where)
     for overlay in profile.get("overlays", []):
         if not (base / overlay).is_dir():
             raise ProfileError("%s: overlays: %s is not a directory under %s" % (origin.get("overlays"), overlay, base))
 
 
 def kernel_debs(profile):
-    """The VCA kernel .debs from kernel.debs_dir, checked by name and version before use."""
+    """Intel's .debs from kernel.debs_dir: the VCA kernel (kernel.names) and its node-side
+    userspace (kernel.vca_userspace.names), each checked by name and version before use (on the
+    file names, NAME_VERSION_ARCH.deb); every problem in one error."""
     kernel = profile["kernel"]
     debs = Path(os.path.expandvars(kernel["debs_dir"]))
     found = {}
@@ -226,13 +288,29 @@ def kernel_debs(profile):
         pkg, _, rest = deb.name.partition("_")
         version = rest.split("_")[0]
         found[pkg] = (version, deb)
+    userspace = kernel.get("vca_userspace", {})
+    wanted = [(name, kernel["version"], "kernel") for name in kernel["names"]]
+    wanted += [(name, userspace["version"], "kernel.vca_userspace") for name in userspace.get("names", [])]
     problems = []
-    for name in kernel["names"]:
+    for name, version, key in wanted:
+        what = "Intel's VCA kernel" if key == "kernel" else "Intel's node-side VCA package (%s)" % key
         if name not in found:
-            problems.append("%s: no %s_*.deb" % (debs, name))
-        elif found[name][0] != kernel["version"]:
-            problems.append("%s: %s is version %s, the profile asks for %s"
-                            % (found[name][1], name, found[name][0], kernel["version"]))
+            problems.append("%s: no %s_*.deb (%s)" % (debs, name, what))
+        elif version == UNSET:
+            problems.append("%s: %s.version is %s, a placeholder (this project does not know the version of "
+                            "Intel's node packages): %s is version %s; if that is the release you mean, set "
+                            "%s.version: %s in a profile of your own (docs/SETUP.md)"
+                            % (profile.get("_files", ["the profile"])[0], key, UNSET, found[name][1],
+                               found[name][0], key, found[name][0]))
+        elif found[name][0] != version:
+            problems.append("%s: %s is version %s, the profile asks for %s (%s.version)"
+                            % (found[name][1], name, found[name][0], version, key))
     if problems:
         raise ProfileError("; ".join(problems))
-    return [found[name][1] for name in kernel["names"]]
+    return [found[name][1] for name, _, _ in wanted]
+
+
+def agent_units(profile):
+    """The node agent's systemd units (kernel.vca_userspace.agent_units) the verifier checks: the
+    image's /etc/vca-node.conf carries them as VCA_AGENT_UNITS=UNIT ...; [] without Intel's userspace."""
+    return list(profile["kernel"].get("vca_userspace", {}).get("agent_units", []))
