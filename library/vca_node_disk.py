@@ -5,15 +5,31 @@ DOCUMENTATION = r"""
 module: vca_node_disk
 short_description: A VCA node's own disk image (its vcablk0), written from a stored build plus a per-node overlay
 description:
-  - C(vcactl blockio open) opens a node's disk read-write, so every node has its
+  - >-
+    C(vcactl blockio open) opens a node's disk read-write, so every node has its
     own copy. C(state=present) makes O(path) a copy of O(image) with O(files)
     written into the root file system (partition 2) by debugfs: no loop device,
-    no mount. The disk it replaces is kept beside it (C(<node>.prev.img)) until
-    the next change, so a node that fails its verifier can be rolled back.
-  - Nothing is copied when the disk already holds O(build_id) with the same files.
-  - C(state=rolled_back) puts the kept disk back; it fails when there is none.
-  - Supports check mode. The node must be powered off or its vcablk0 closed
-    while its disk changes: the role does it in that order.
+    no mount. The copy is made beside it (C(<node>.img.new)) and renamed over
+    O(path); the disk it replaces is renamed to C(<node>.prev.img) (with its
+    record, C(<node>.prev.json)) and kept until the next change, so a node that
+    fails its verifier can be rolled back.
+  - >-
+    Nothing is copied when the disk already holds O(build_id) with the same files.
+  - >-
+    C(state=rolled_back) renames the kept disk back over O(path); it fails when there is none.
+  - >-
+    The module only writes files on the host. It does not talk to C(vcactl) or
+    to the node, so it does not power the node off, close its vcablk0, or boot
+    it, and it cannot tell whether the node is running. The caller must have the
+    node off and its vcablk0 closed before a run that changes the disk (either
+    state), and must boot the node afterwards through a fresh C(vcactl blockio
+    open): a vcablk0 left open may go on reading the replaced file.
+    C(roles/node_image/tasks/rollout.yml) does this with vca_boot's script,
+    C(vca2-boot.sh shutdown <node>) before the write and C(vca2-boot.sh boot
+    <node>) after it, and the same around a rollback.
+  - >-
+    Supports check mode, in which it writes nothing and C(changed) says whether
+    the disk would change (the rollout asks it this before it shuts a node down).
 options:
   path:
     description: The node's disk, C(<dir>/<node>.img).
@@ -51,8 +67,12 @@ build_id:
   returned: always
   type: str
 previous_build_id:
-  description: The build of the disk kept for rollback, if any.
+  description: The build of the disk kept for rollback (or that would be kept, in check mode), if any.
   returned: always
+  type: str
+rolled_back_from:
+  description: The build the disk held before it was rolled back.
+  returned: state=rolled_back
   type: str
 """
 from ansible.module_utils.basic import AnsibleModule

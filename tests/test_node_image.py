@@ -7,12 +7,19 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
+import re
+import shutil
 import subprocess
+import sys
+from pathlib import Path
 
+import jinja2
 import pytest
+import yaml
 from ansible.module_utils.vca_node_image import ImageStore, NodeDisk, NodeImageError, root_partition_offset
 
-from conftest import run_module
+from conftest import ROOT, load_library, run_module
 from vca_image import build as builder
 from vcasim.vcactl import Fleet, run
 
@@ -154,6 +161,14 @@ def test_modules_report_and_refuse_clearly(tmp_path, two_builds, capsys):
     assert result["failed"] and "no previous disk" in result["msg"]
 
 
+def test_node_disk_docs_parse_and_say_the_caller_powers_the_node_off():
+    module = load_library("vca_node_disk")
+    doc = yaml.safe_load(module.DOCUMENTATION)
+    assert yaml.safe_load(module.EXAMPLES) and yaml.safe_load(module.RETURN)
+    text = " ".join(doc["description"])
+    assert "does not power the node off" in text and "The caller must have the node off" in text
+
+
 def test_lab_boot_reads_the_opened_disk(tmp_path, two_builds, monkeypatch):
     (src1, r1), _ = two_builds
     now = [1000.0]
@@ -184,3 +199,174 @@ def test_lab_boot_reads_the_opened_disk(tmp_path, two_builds, monkeypatch):
     now[0] += 3.5
     assert "STATE: error" in vcactl("status", "0", "1")[1]
     assert list((tmp_path / "boot" / "0-1").iterdir()) == []
+
+
+# The rollout (roles/node_image/tasks/rollout.yml) run by ansible-playbook on this machine, every
+# host local: a fake vca2-boot.sh logs each verb with the build the node's disk holds at that moment
+# (so the log shows whether the disk changed while the node was up), and its boot writes what the
+# booted node reports; the verifier is a file copied into place.
+FAKE_BOOT_SCRIPT = r"""#!/bin/bash
+D=@DIR@
+held=$(@PYTHON@ -c 'import json,sys; print(json.load(open(sys.argv[1]))["build_id"])' "$D/nodes/$2.json" 2>/dev/null)
+echo "$1 $2 disk=${held:-none}" >> "$D/calls.log"
+case $1 in
+    shutdown) echo off > "$D/power-$2" ;;
+    boot)
+        [ -n "$held" ] || { echo "vca2-boot: $2: no disk yet"; exit 1; }
+        if [ "$(cat "$D/power-$2" 2>/dev/null)" = on ]; then
+            echo "vca2-boot: $2 is up: not booting a node that is up"; exit 1
+        fi
+        echo on > "$D/power-$2"
+        echo "{\"build_id\": \"$held\"}" > "$D/release-$2.json" ;;
+    *) exit 2 ;;
+esac
+"""
+PASSING = {"platform": "lab", "results": [{"name": "root fs", "status": "pass", "detail": "ext4"},
+                                            {"name": "VCA modules", "status": "skip", "detail": "not VCA"}]}
+
+
+class Rollout:
+    """One node (vca-node0) and its host, both local; run() plays the rollout once."""
+
+    def __init__(self, tmp_path):
+        self.dir = tmp_path / "rollout"
+        (self.dir / "nodes").mkdir(parents=True)
+        script = self.dir / "vca2-boot.sh"
+        script.write_text(FAKE_BOOT_SCRIPT.replace("@DIR@", str(self.dir)).replace("@PYTHON@", sys.executable))
+        script.chmod(0o755)
+        (self.dir / "calls.log").write_text("")
+        self.disk = NodeDisk(str(self.dir / "nodes" / "vca-node0.img"))
+
+    def already_runs(self, image, build_id):
+        """The node as an earlier rollout left it: its disk holds build_id and it runs it."""
+        assert self.disk.ensure(str(image), build_id, self.overlay())
+        (self.dir / "power-vca-node0").write_text("on\n")
+        (self.dir / "release-vca-node0.json").write_text(json.dumps({"build_id": build_id}))
+
+    @staticmethod
+    def overlay():
+        """The files the role's overlay template renders for vca-node0 (so that ensure() matches it)."""
+        env = jinja2.Environment(keep_trailing_newline=True)
+        text = (ROOT / "roles/node_image/templates/node-overlay.yml.j2").read_text()
+        return yaml.safe_load(env.from_string(text).render(
+            node_image_hostname="vca-node0", node_image_address="172.31.1.1", node_image_host_address="172.31.1.254",
+            node_image_interface="eth0", node_image_prefix=24, node_image_mtu=65521))
+
+    def calls(self):
+        return (self.dir / "calls.log").read_text().splitlines()
+
+    def run(self, image, build_id, verify=None, check=False, **extra):
+        (self.dir / "verify.json").write_text(json.dumps(PASSING if verify is None else verify))
+        inventory = {"all": {
+            "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable},
+            "children": {
+                "vca_host": {"hosts": {"vca-host": {"node_image_candidate_id": build_id,
+                                                    "node_image_candidate_image": str(image)}}},
+                "vca_nodes": {"hosts": {"vca-node0": {"vca_node": 0, "vca_card": 0, "vca_cpu": 0,
+                                                      "vca_node_ip": "172.31.1.1"}}}}}}
+        (self.dir / "hosts.yml").write_text(yaml.safe_dump(inventory))
+        (self.dir / "rollout.yml").write_text(yaml.safe_dump([{
+            "name": "Rollout", "hosts": "vca_nodes", "gather_facts": False, "serial": 1,
+            "tasks": [{"name": "Roll out", "ansible.builtin.include_role": {"name": "node_image",
+                                                                            "tasks_from": "rollout"}}]}]))
+        variables = {
+            "node_image_disk_dir": str(self.dir / "nodes"),
+            "node_image_boot_script": str(self.dir / "vca2-boot.sh"),
+            "node_image_release_file": str(self.dir / "release-{{ inventory_hostname }}.json"),
+            "node_image_verify_command": "cp %s %s" % (self.dir / "verify.json", self.dir / "result.json"),
+            "node_image_verify_result": str(self.dir / "result.json"),
+            "node_image_connect_timeout_s": 10,
+            "node_image_expect_hardware": False,        # as in the lab; the tests for hardware set it
+        } | extra
+        env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_ROLES_PATH=str(ROOT / "roles"),
+                   ANSIBLE_LIBRARY=str(ROOT / "library"), ANSIBLE_MODULE_UTILS=str(ROOT / "module_utils"),
+                   ANSIBLE_NOCOLOR="1", ANSIBLE_LOCALHOST_WARNING="0")
+        playbook = shutil.which("ansible-playbook", path=str(Path(sys.executable).parent)) or "ansible-playbook"
+        argv = [playbook, "-i", str(self.dir / "hosts.yml"), str(self.dir / "rollout.yml"), "-e", json.dumps(variables)]
+        done = subprocess.run(argv + (["--check"] if check else []), cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=300, check=False)
+        out = done.stdout + done.stderr
+        recap = re.search(r"^vca-node0\s+:.*changed=(\d+)", out, re.M)
+        return done.returncode, out, int(recap.group(1)) if recap else None
+
+
+def test_rollout_shuts_the_node_down_before_its_disk_changes_and_a_second_run_changes_nothing(tmp_path,
+                                                                                          two_builds):
+    (src1, r1), (src2, r2) = two_builds
+    one, two = r1["build_id"], r2["build_id"]
+    rollout = Rollout(tmp_path)
+    rc, out, _ = rollout.run(src1 / "tiny.img", one)
+    assert rc == 0, out[-3000:]
+    # a node without a disk yet: shut down (its vcablk0 closed), the disk written, then booted from it
+    assert rollout.calls() == ["shutdown vca-node0 disk=none", f"boot vca-node0 disk={one}"]
+    assert rollout.disk.record()["build_id"] == one
+
+    rc, out, changed = rollout.run(src1 / "tiny.img", one)          # it runs the candidate: not touched
+    assert (rc, changed) == (0, 0), out[-3000:]
+    assert len(rollout.calls()) == 2
+
+    rc, out, changed = rollout.run(src2 / "tiny.img", two, check=True)   # check mode: reported, nothing done
+    assert rc == 0 and changed == 1, out[-3000:]
+    assert len(rollout.calls()) == 2 and rollout.disk.record()["build_id"] == one
+
+    rc, out, _ = rollout.run(src2 / "tiny.img", two)                # the next build: off, written, booted
+    assert rc == 0, out[-3000:]
+    assert rollout.calls()[2:] == [f"shutdown vca-node0 disk={one}", f"boot vca-node0 disk={two}"]
+
+
+SKIPPED = {"name": "VCA modules", "status": "skip", "detail": "no /sys/class/vca"}
+
+
+@pytest.mark.parametrize("verify, hardware, named", [
+    ({"platform": "hardware", "results": [PASSING["results"][0], SKIPPED]}, True,
+     "VCA modules: skip: no /sys/class/vca"),
+    ({"results": [PASSING["results"][0], SKIPPED]}, True, "VCA modules: skip"),      # no platform: hardware
+    ({"platform": "unknown", "results": [PASSING["results"][0]]}, True,
+     "VCA hardware expected, but the verifier found platform unknown"),
+    ({"platform": "lab", "results": [{"name": "root fs", "status": "fail", "detail": "ro"}]}, False,
+     "root fs: fail: ro"),
+], ids=["skip-on-hardware", "skip-without-platform", "no-evidence-where-hardware-expected", "fail-in-the-lab"])
+def test_a_failed_verifier_is_rolled_back_with_the_node_off(tmp_path, two_builds, verify, hardware, named):
+    (src1, r1), (src2, r2) = two_builds
+    one, two = r1["build_id"], r2["build_id"]
+    rollout = Rollout(tmp_path)
+    rollout.already_runs(src1 / "tiny.img", one)
+    rc, out, _ = rollout.run(src2 / "tiny.img", two, verify=verify, node_image_expect_hardware=hardware)
+    assert rc != 0, out[-3000:]
+    assert f"vca-node0 failed build {two}" in out and named in out, out[-3000:]
+    assert f"Rolled back to build {one} and booted it" in out, out[-3000:]
+    # off before each change of its disk, and booted only when off
+    assert rollout.calls() == [f"shutdown vca-node0 disk={one}", f"boot vca-node0 disk={two}",
+                               f"shutdown vca-node0 disk={two}", f"boot vca-node0 disk={one}"]
+    assert rollout.disk.record()["build_id"] == one
+
+
+def test_ignored_checks_and_a_first_image_that_fails(tmp_path, two_builds):
+    (src1, r1), _ = two_builds
+    one = r1["build_id"]
+    rollout = Rollout(tmp_path)
+    verify = {"platform": "hardware", "results": [PASSING["results"][0], SKIPPED]}
+    rc, out, _ = rollout.run(src1 / "tiny.img", one, verify=verify, node_image_verify_ignore=["VCA modules"],
+                             node_image_expect_hardware=True)
+    assert rc == 0, out[-3000:]                                     # an ignored check may skip, even on VCA
+    # a first image (no previous disk) that fails: nothing to roll back to, the node is left as it is
+    (rollout.dir / "release-vca-node0.json").write_text(json.dumps({"build_id": "something-else"}))
+    rc, out, _ = rollout.run(src1 / "tiny.img", one, verify=verify, node_image_verify_ignore=["no such check"],
+                             node_image_expect_hardware=True)
+    assert rc != 0, out[-3000:]
+    assert "node_image_verify_ignore names no check of this verifier: no such check" in out, out[-3000:]
+    assert "Not rolled back: no previous disk on this node" in out, out[-3000:]
+    assert rollout.calls()[2:] == [f"shutdown vca-node0 disk={one}", f"boot vca-node0 disk={one}"]
+
+
+def test_a_disk_that_cannot_be_written_is_left_as_it_was_and_booted(tmp_path, two_builds):
+    (src1, r1), _ = two_builds
+    one = r1["build_id"]
+    rollout = Rollout(tmp_path)
+    rollout.already_runs(src1 / "tiny.img", one)
+    rc, out, _ = rollout.run(tmp_path / "missing.img", "b" * 16)
+    assert rc != 0, out[-3000:]
+    assert "no such image" in out and "Its disk was not changed and booted it" in out, out[-3000:]
+    assert rollout.calls() == [f"shutdown vca-node0 disk={one}", f"shutdown vca-node0 disk={one}",
+                               f"boot vca-node0 disk={one}"]
+    assert rollout.disk.record()["build_id"] == one

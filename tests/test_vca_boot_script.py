@@ -33,7 +33,9 @@ BOUND_S = 20
 FAKE_VCACTL = r"""#!/bin/bash
 # fake vcactl: one file per node, $D/state/<card>-<cpu>; $D/on_boot/<card>-<cpu> is
 # where a boot leads (net_device_ready, or booting for a node that hangs there),
-# $D/on_shutdown/<card>-<cpu> where os-shutdown leads.
+# $D/on_shutdown/<card>-<cpu> where os-shutdown leads; $D/blockio/<card>-<cpu> holds
+# the disk opened as the node's vcablk0. As the real one: vcablk0 is not closed under
+# a running OS, and a vcablk0 boot needs it opened.
 D=@DIR@
 echo "$*" >> "$D/calls.log"
 verb=${1:-}; shift
@@ -52,9 +54,13 @@ case $verb in
     boot)
         s=$(node "$1" "$2") || exit 1
         case $s in
-            bios_up|bios_ready) set_state "$1" "$2" "$(cat "$D/on_boot/$1-$2")" ;;
+            bios_up|bios_ready) ;;
             *) echo "ERROR: Card: $1 Cpu: $2 - Card needs to be in \"bios_up\" or \"bios_ready\" state!"; exit 1 ;;
-        esac ;;
+        esac
+        if [ "${3:-}" = vcablk0 ] && [ ! -s "$D/blockio/$1-$2" ]; then
+            echo "ERROR: Card: $1 Cpu: $2 - vcablk0 is not opened (vcactl blockio open $1 $2 vcablk0 RW <path>)"; exit 1
+        fi
+        set_state "$1" "$2" "$(cat "$D/on_boot/$1-$2")" ;;
     pwrbtn-short) s=$(node "$1" "$2") || exit 1; [ "$s" = power_off ] && set_state "$1" "$2" bios_up; exit 0 ;;
     pwrbtn-long) node "$1" "$2" >/dev/null || exit 1; set_state "$1" "$2" power_off ;;
     os-shutdown)
@@ -65,7 +71,18 @@ case $verb in
                exit 1 ;;
         esac ;;
     reset) node "$1" "$2" >/dev/null || exit 1; set_state "$1" "$2" bios_up ;;
-    blockio) exit 0 ;;
+    blockio)
+        s=$(node "$2" "$3") || exit 1
+        case $1 in
+            open) [ -f "$6" ] || { echo "ERROR: $6: no such file"; exit 1; }; echo "$6" > "$D/blockio/$2-$3" ;;
+            close)
+                case $s in
+                    booting|os_ready|net_device_ready)
+                        echo "ERROR: Card: $2 Cpu: $3 - vcablk0 in use by the OS"; exit 1 ;;
+                esac
+                rm -f "$D/blockio/$2-$3" ;;
+            *) echo "ERROR: unknown blockio command $1"; exit 2 ;;
+        esac ;;
     *) echo "ERROR: unknown command $verb"; exit 2 ;;
 esac
 """
@@ -92,7 +109,7 @@ class Fleet:
 
     def __init__(self, tmp_path):
         self.dir = tmp_path / "fake"
-        for sub in ("state", "on_boot", "on_shutdown"):
+        for sub in ("state", "on_boot", "on_shutdown", "blockio"):
             (self.dir / sub).mkdir(parents=True)
         self.vcactl = self.dir / "vcactl"
         self.vcactl.write_text(FAKE_VCACTL.replace("@DIR@", str(self.dir)))
@@ -110,15 +127,29 @@ class Fleet:
     def calls(self):
         return (self.dir / "calls.log").read_text().splitlines()
 
+    def opened(self, card, cpu):
+        """The disk open as the node's vcablk0, or None."""
+        f = self.dir / "blockio" / f"{card}-{cpu}"
+        return f.read_text().strip() if f.exists() else None
 
-def run_script(tmp_path, fleet, nodes, action, dead=(), **overrides):
-    """Render the script for this inventory, run `vca2-boot.sh <action>`; (rc, output, seconds)."""
+
+def disk(tmp_path, name):
+    return tmp_path / "disks" / f"{name}.img"
+
+
+def run_script(tmp_path, fleet, nodes, action, *args, dead=(), disks=None, **overrides):
+    """Render the script for this inventory, run `vca2-boot.sh <action> [args]`; (rc, output, seconds).
+    Each node of `disks` (default: every node of the inventory) has its disk file in tmp_path/disks."""
+    (tmp_path / "disks").mkdir(exist_ok=True)
+    for name in nodes if disks is None else disks:
+        disk(tmp_path, name).write_bytes(b"a node disk")
     script = tmp_path / "vca2-boot.sh"
     script.write_text(render(SCRIPT, nodes, dead, vca_boot_vcactl=str(fleet.vcactl), vca_boot_nat_enabled=False,
                              vca_boot_disk_dir=str(tmp_path / "disks"), **overrides))
     script.chmod(0o755)
     began = time.monotonic()
-    done = subprocess.run(["bash", str(script), action], capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(["bash", str(script), action, *args], capture_output=True, text=True, timeout=120,
+                          check=False)
     return done.returncode, done.stdout + done.stderr, time.monotonic() - began
 
 
@@ -158,6 +189,125 @@ def test_healthy_start_skips_the_dead_node(tmp_path):
     assert not [c for c in fleet.calls() if c.startswith(("boot 1 0", "pwrbtn-short 1 0"))]
 
 
+def test_a_node_without_its_disk_is_not_booted_and_is_named(tmp_path):
+    fleet = Fleet(tmp_path)
+    nodes = inventory(3)
+    fleet.node(0, 0, "bios_up")
+    fleet.node(0, 1, "power_off")        # no disk: not even powered on
+    fleet.node(0, 2, "bios_up")
+    rc, out, _ = run_script(tmp_path, fleet, nodes, "start", disks=["vca-node0", "vca-node2"])
+    assert rc == 3, out                  # counted as a node that did not come up: the unit stays up
+    assert (f"vca-node1 (card 0 cpu 1): no disk yet: {disk(tmp_path, 'vca-node1')}; "
+            "playbooks/image.yml writes it") in out
+    assert "not booted, no disk yet: vca-node1" in out
+    assert fleet.state(0, 1) == "power_off" and fleet.opened(0, 1) is None
+    assert not [c for c in fleet.calls() if c.split()[:3] in (["boot", "0", "1"], ["pwrbtn-short", "0", "1"])
+                or c.startswith("blockio open 0 1")]
+    assert fleet.state(0, 0) == fleet.state(0, 2) == "net_device_ready"
+    assert fleet.opened(0, 0) == str(disk(tmp_path, "vca-node0"))
+
+
+def test_first_start_before_any_disk_boots_nothing_and_the_unit_stays_up(tmp_path):
+    """host.yml runs before image.yml has written a disk: nothing is booted, and start exits 3 (not 1),
+    so the unit is active and its stop later powers off the nodes the rollout boots."""
+    fleet = Fleet(tmp_path)
+    nodes = inventory(3)
+    for card, cpu in nodes.values():
+        fleet.node(card, cpu, "bios_up")
+    rc, out, _ = run_script(tmp_path, fleet, nodes, "start", disks=())
+    assert rc == 3, out
+    assert "not booted, no disk yet: vca-node0, vca-node1, vca-node2" in out
+    assert all(fleet.state(c, p) == "bios_up" for c, p in nodes.values())
+    assert not [c for c in fleet.calls() if not c.startswith("status")]
+
+
+@pytest.mark.parametrize("verb", ["reboot", "boot"])
+def test_reboot_or_boot_of_a_node_without_its_disk_fails_and_leaves_it_alone(tmp_path, verb):
+    fleet = Fleet(tmp_path)
+    fleet.node(0, 0, "net_device_ready" if verb == "reboot" else "bios_up")
+    before = fleet.state(0, 0)
+    rc, out, _ = run_script(tmp_path, fleet, inventory(1), verb, "vca-node0", disks=())
+    assert rc == 1, out
+    assert f"vca-node0 (card 0 cpu 0): no disk yet: {disk(tmp_path, 'vca-node0')}" in out
+    assert fleet.state(0, 0) == before
+    assert not [c for c in fleet.calls() if not c.startswith("status")]   # not shut down, not booted
+
+
+def test_shutdown_powers_the_node_off_then_closes_its_vcablk0(tmp_path):
+    fleet = Fleet(tmp_path)
+    fleet.node(0, 0, "net_device_ready")
+    fleet.node(0, 1, "net_device_ready")
+    (fleet.dir / "blockio" / "0-0").write_text(f"{disk(tmp_path, 'vca-node0')}\n")
+    rc, out, _ = run_script(tmp_path, fleet, inventory(2), "shutdown", "vca-node0")
+    assert rc == 0, out
+    assert fleet.state(0, 0) == "power_off" and fleet.opened(0, 0) is None
+    assert "vca-node0 (card 0 cpu 0) is power_off, its vcablk0 closed" in out
+    acts = [c for c in fleet.calls() if not c.startswith("status")]
+    assert acts == ["os-shutdown 0 0", "blockio close 0 0 vcablk0"], acts   # closed once the OS is gone
+    assert fleet.state(0, 1) == "net_device_ready"                          # only that node
+
+
+def test_shutdown_presses_the_power_button_at_the_stop_deadline(tmp_path):
+    fleet = Fleet(tmp_path)
+    fleet.node(0, 0, "net_device_ready", on_shutdown="powering_down")
+    rc, out, took = run_script(tmp_path, fleet, inventory(1), "shutdown", "vca-node0", vca_boot_stop_timeout_s=3)
+    assert took < BOUND_S, out
+    assert rc == 0, out
+    assert "vca-node0 (card 0 cpu 0) still powering_down at the 3s deadline: power button" in out
+    assert fleet.state(0, 0) == "power_off" and "pwrbtn-long 0 0" in fleet.calls()
+
+
+def test_shutdown_resets_a_node_in_error_to_its_bios(tmp_path):
+    fleet = Fleet(tmp_path)
+    fleet.node(0, 0, "error")
+    rc, out, _ = run_script(tmp_path, fleet, inventory(1), "shutdown", "vca-node0")
+    assert rc == 0, out
+    assert "reset vca-node0 (card 0 cpu 0) from error" in out and fleet.state(0, 0) == "bios_up"
+    assert "os-shutdown 0 0" not in fleet.calls() and "blockio close 0 0 vcablk0" in fleet.calls()
+
+
+def test_boot_powers_on_opens_the_disk_and_boots_it(tmp_path):
+    fleet = Fleet(tmp_path)
+    fleet.node(0, 0, "power_off")
+    rc, out, _ = run_script(tmp_path, fleet, inventory(1), "boot", "vca-node0")
+    assert rc == 0, out
+    assert fleet.state(0, 0) == "net_device_ready" and fleet.opened(0, 0) == str(disk(tmp_path, "vca-node0"))
+    acts = [c for c in fleet.calls() if not c.startswith(("status", "blockio close"))]
+    assert acts == ["pwrbtn-short 0 0", f"blockio open 0 0 vcablk0 RW {disk(tmp_path, 'vca-node0')}",
+                    "boot 0 0 vcablk0"], acts
+
+
+def test_boot_refuses_a_node_that_is_up(tmp_path):
+    fleet = Fleet(tmp_path)
+    fleet.node(0, 0, "net_device_ready")
+    rc, out, _ = run_script(tmp_path, fleet, inventory(1), "boot", "vca-node0")
+    assert rc == 1, out
+    assert "vca-node0 (card 0 cpu 0) is net_device_ready: not booting a node that is up" in out
+    assert not [c for c in fleet.calls() if not c.startswith("status")]
+
+
+def test_reboot_is_shutdown_close_then_open_and_boot(tmp_path):
+    fleet = Fleet(tmp_path)
+    fleet.node(0, 0, "net_device_ready")
+    rc, out, _ = run_script(tmp_path, fleet, inventory(1), "reboot", "vca-node0")
+    assert rc == 0, out
+    assert fleet.state(0, 0) == "net_device_ready"
+    acts = [c.split()[0] + " " + c.split()[1] if c.startswith("blockio") else c.split()[0]
+            for c in fleet.calls() if not c.startswith("status")]
+    # off, its vcablk0 closed, then powered on, the disk (re)opened and booted
+    assert acts == ["os-shutdown", "blockio close", "pwrbtn-short", "blockio close", "blockio open", "boot"], acts
+
+
+@pytest.mark.parametrize("verb", ["shutdown", "boot", "reboot"])
+def test_node_verbs_need_a_live_node(tmp_path, verb):
+    fleet = Fleet(tmp_path)
+    fleet.node(0, 0, "net_device_ready")
+    assert run_script(tmp_path, fleet, inventory(1), verb)[0] == 2            # no NODE: usage
+    rc, out, _ = run_script(tmp_path, fleet, inventory(1), verb, "vca-node9")
+    assert rc == 1 and "vca-node9 is not a live node" in out
+    assert fleet.state(0, 0) == "net_device_ready"
+
+
 @pytest.mark.parametrize("stuck", [2, 8])
 def test_stuck_nodes_give_up_at_one_total_deadline(tmp_path, stuck):
     fleet = Fleet(tmp_path)
@@ -195,7 +345,7 @@ def test_node_names_are_quoted_in_the_script(tmp_path):
     fleet = Fleet(tmp_path)
     fleet.node(0, 0, "bios_up")
     pwned = tmp_path / "pwned"
-    rc, out, _ = run_script(tmp_path, fleet, {f"vca-$(touch {pwned})": (0, 0)}, "status")
+    rc, out, _ = run_script(tmp_path, fleet, {f"vca-$(touch {pwned})": (0, 0)}, "status", disks=())
     assert rc == 0, out
     assert not pwned.exists()
 

@@ -6,9 +6,12 @@ import io
 import os
 import re
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from ansible.module_utils.vcactl import STATES, parse_status
 
 from conftest import run_module
@@ -16,6 +19,7 @@ from vcasim.vcactl import Fleet, run
 
 # The driver's own state strings, from its header (tests/fixtures/vca-driver), not from our table.
 DRIVER_HEADER = Path(__file__).parent / "fixtures/vca-driver/modules/vca/common/vca_common.h"
+SIM = Path(__file__).resolve().parent.parent / "lab" / "sim"
 DRIVER_STATES = tuple(dict.fromkeys(re.findall(r'^#define VCA_\w+_TEXT "(\w+)"', DRIVER_HEADER.read_text(), re.M)))
 TIMING = {"boot_s": 2.0, "net_s": 1.0, "reset_s": 1.0, "shutdown_s": 1.0}
 CONFIG = {"nodes": [{"card": c, "cpu": p, "dead": (c, p) == (1, 0), "initial": "bios_up"}
@@ -68,12 +72,43 @@ def test_stand_in_output_is_the_real_format(fleet):
 
 
 def test_boot_walks_booting_os_ready_net_device_ready(fleet):
-    assert vcactl(fleet, "boot", "0", "1", "vcablk0")[0] == 0
+    assert vcactl(fleet, "boot", "0", "1")[0] == 0               # the configured os-image (a vcablk0 boot needs a disk)
     assert vcactl(fleet, "status", "0", "1")[1].strip().endswith("booting")
     fleet.clock.now += 2.0
     assert vcactl(fleet, "status", "0", "1")[1].strip().endswith("os_ready")
     fleet.clock.now += 1.0
     assert vcactl(fleet, "status", "0", "1")[1].strip().endswith("net_device_ready")
+
+
+NOT_OPENED = "ERROR: Card: 0 Cpu: 1 - vcablk0 is not opened (vcactl blockio open 0 1 vcablk0 RW|RO <path>)"
+
+
+def test_boot_of_an_unopened_vcablk0_is_refused_and_changes_nothing(fleet, tmp_path):
+    before = fleet.dump()
+    rc, out = vcactl(fleet, "boot", "0", "1", "vcablk0")
+    assert (rc, out.strip()) == (1, NOT_OPENED)
+    assert fleet.dump() == before
+    # opened, then closed again: refused again
+    (tmp_path / "disk.img").write_bytes(b"")
+    assert vcactl(fleet, "blockio", "open", "0", "1", "vcablk0", "RW", str(tmp_path / "disk.img"))[0] == 0
+    assert vcactl(fleet, "blockio", "close", "0", "1", "vcablk0")[0] == 0
+    assert vcactl(fleet, "boot", "0", "1", "vcablk0") == (1, NOT_OPENED + "\n")
+    assert vcactl(fleet, "status", "0", "1")[1].strip().endswith("bios_up")
+
+
+def test_the_command_exits_non_zero_on_an_unopened_vcablk0(tmp_path):
+    config = tmp_path / "vcactl.yml"
+    config.write_text(yaml.safe_dump(CONFIG))
+    env = dict(os.environ, PYTHONPATH=str(SIM), VCASIM_VCACTL_CONFIG=str(config),
+               VCASIM_VCACTL_STATE=str(tmp_path / "state.json"), VCASIM_BOOT_DIR=str(tmp_path / "boot"))
+
+    def cli(*argv):
+        return subprocess.run([sys.executable, "-m", "vcasim.vcactl", *argv], env=env, capture_output=True,
+                              text=True, timeout=60, check=False)
+
+    done = cli("boot", "0", "1", "vcablk0")
+    assert (done.returncode, done.stdout.strip()) == (1, NOT_OPENED), done.stdout + done.stderr
+    assert cli("status", "0", "1").stdout.strip() == "Card: 0 Cpu: 1  STATE: bios_up"
 
 
 def test_dead_node_refuses_boot_and_stays_link_down(fleet):

@@ -6,7 +6,7 @@ resolved lazily from timestamps, so no daemon is needed. Nodes configured as
 dead answer link_down to everything, as node 3 does on the seed host.
 
     vcactl status [card [cpu]]
-    vcactl boot [card [cpu]] [image|vcablk0]
+    vcactl boot [card [cpu]] [image|vcablk0]   (vcablk0: only once blockio opened it)
     vcactl blockio open card cpu vcablk0 RW|RO PATH | blockio close card cpu vcablk0 | blockio list
     vcactl reset | pwrbtn-short | pwrbtn-long | os-shutdown [card [cpu]]
     vcactl wait | wait-BIOS [card [cpu]] [--timeout S]
@@ -107,9 +107,14 @@ class Fleet:
                 f'or "bios_ready" state!'
             )
         if current in BOOTABLE:
-            if image == "vcablk0" and node["blockio"]:
+            if image == "vcablk0":
+                if not node["blockio"]:   # as the real one: nothing to boot from; the node stays where it is
+                    raise VcactlError(
+                        f"ERROR: Card: {node['card']} Cpu: {node['cpu']} - vcablk0 is not opened "
+                        f"(vcactl blockio open {node['card']} {node['cpu']} vcablk0 RW|RO <path>)"
+                    )
                 node["boot_ok"] = boot_from_disk(node["blockio"], self.boot_dir / f"{node['card']}-{node['cpu']}")
-            else:   # an image path (volatile boot) or a card booted before blockio: not inspected
+            else:   # an image path (volatile boot), or the configured os-image: not inspected
                 node["boot_ok"] = True
             self._set(node, "booting")
 
