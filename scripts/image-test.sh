@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The node image's CI check (issue: image builder): build the debian-12 profile
-# twice, require bit-identical images, verify the layout, then boot it under
-# QEMU and require every non-hardware verifier check to pass.
+# twice, require bit-identical images, verify the layout (ESP with GRUB, ext4 root),
+# then boot the disk under QEMU with OVMF firmware from its own bootloader, as a
+# card boots it, and require every non-hardware verifier check to pass; the
+# built disk must be unchanged afterwards (the boot test boots a copy).
 # Timings are printed for the record; downloads are cached across runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,4 +28,7 @@ cmp "$OUT/a/debian-12.img" "$OUT/b/debian-12.img"
 echo "image size: $(stat -c %s "$OUT/a/debian-12.img") bytes ($(du -k "$OUT/a/debian-12.img" | cut -f1) KiB on disk)"
 "$PY" -m vca_image verify "$OUT/a/debian-12.img"
 rm -rf "$OUT/b"
+start=$SECONDS
 "$PY" -m vca_image boot-test "$OUT/a" --timeout 540
+echo "boot test (copy, OVMF, GRUB, kernel, verifier): $((SECONDS - start)) s"
+"$PY" -m vca_image verify "$OUT/a/debian-12.img"     # the boot test left the built disk as it was

@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 
-from vca_image import boottest, cli
+import pytest
+
+from vca_image import boottest, build, cli
 from vca_image.boottest import parse_tap, tap_problems
+
+PROFILE = {"name": "lab-tiny", "image": {"size_mib": 64, "fs_uuid": "5b0f2a9e-3c41-4d8e-9f17-2a6c8e4d1b73",
+                                         "hash_seed": "0e7d4c21-8a3b-4f56-b9d2-7c1e5a3f9b08",
+                                         "source_date_epoch": 1767225600}}
 
 # vca-node-verify's output on a QEMU boot of a full image (no VCA hardware: five SKIPs).
 VERIFIER = """\
@@ -87,19 +95,103 @@ def test_one_not_ok_fails_and_is_named():
     assert tap_problems(plan, results) == ["not ok: 22 free memory above the floor"]
 
 
-def test_boot_test_boots_with_devkmsg_on_and_fails_a_cut_run(tmp_path, monkeypatch, capsys):
-    (tmp_path / "lab-tiny.json").write_text(json.dumps({"build_id": "0123456789abcdef", "image": "lab-tiny.img"}))
-    commands = []
+def fake_qemu(seen, console_text):
+    """subprocess.run for boottest: QEMU writes console_text to its serial file and records what it
+    was given (and the ESP's command-line block of the disk it boots, read while it runs); every
+    other command (cp, sfdisk, mcopy) runs for real."""
+    real = subprocess.run
 
-    def qemu(cmd, **_):
-        commands.append(cmd)
+    def run(cmd, **kw):
+        if not cmd[0].endswith("qemu-system-x86_64"):
+            return real(cmd, **kw)
+        seen["cmd"] = cmd
+        drive = next((a for a in cmd if a.startswith("if=none,id=disk0,")), None)
+        if drive:
+            disk = drive.split("file=", 1)[1]
+            seen["disk"] = disk
+            seen["env"] = real(["mtype", "-i", "%s@@%d" % (disk, boottest.esp_offset(disk)),
+                                "::/" + build.CMDLINE_ENV], capture_output=True, check=True,
+                               env=dict(os.environ, MTOOLS_SKIP_CHECK="1", MTOOLSRC=os.devnull)).stdout
         log = next(a for a in cmd if a.startswith("file:"))[len("file:"):]
         with open(log, "w") as fh:
-            fh.write(console(VERIFIER[:10]))
+            fh.write(console_text)
+    return run
 
+
+@pytest.fixture
+def built(tmp_path, monkeypatch):
+    """A build directory with a real (tiny) disk made by make_disk, and stand-in OVMF files."""
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "etc").mkdir(parents=True)
+    (rootfs / "etc/hostname").write_text("vca-node\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    disk = build.make_disk(PROFILE, rootfs, out)
+    record = {"build_id": "0123456789abcdef", "image": disk.name, "sha256": build.sha256(disk)}
+    (out / "lab-tiny.json").write_text(json.dumps(record))
+    code, nvram = tmp_path / "OVMF_CODE_4M.fd", tmp_path / "OVMF_VARS_4M.fd"
+    code.write_bytes(b"code")
+    nvram.write_bytes(b"vars")
+    monkeypatch.setattr(boottest, "OVMF", [(str(code), str(nvram))])
     monkeypatch.setattr(boottest.shutil, "which", lambda name: "/usr/bin/" + name)
-    monkeypatch.setattr(boottest.subprocess, "run", qemu)
-    assert cli.main(["boot-test", str(tmp_path)]) == 1
-    assert "printk.devkmsg=on" in commands[0][commands[0].index("-append") + 1].split()
-    out, err = capsys.readouterr()
-    assert "8 of 27 checks" in out and "boot test failed: 27 checks planned, 8 came" in err
+    return out, record
+
+
+def test_the_disk_boots_from_its_own_esp_under_ovmf_and_stays_untouched(built, monkeypatch, capsys):
+    out, record = built
+    seen = {}
+    monkeypatch.setattr(boottest.subprocess, "run", fake_qemu(seen, console(VERIFIER)))
+    assert cli.main(["boot-test", str(out)]) == 0
+    cmd = seen["cmd"]
+    assert not {"-kernel", "-initrd", "-append"} & set(cmd), "the disk boots from its own bootloader"
+    assert "if=pflash,format=raw,unit=0,readonly=on,file=%s" % boottest.OVMF[0][0] in cmd
+    assert any(a.startswith("if=pflash,format=raw,unit=1,file=") for a in cmd)
+    assert "virtio-blk-pci,drive=disk0,bootindex=0" in cmd
+    # the boot test's arguments reach the kernel through the ESP of a copy, never the built disk
+    assert seen["disk"] != str(out / record["image"])
+    assert seen["env"].startswith(b"# GRUB Environment Block\n") and len(seen["env"]) == 1024
+    assert b"\nvca_cmdline_extra=%s\n" % boottest.BOOTTEST_ARGS.encode() in seen["env"]
+    assert {"vca.boottest", "vca.host=10.0.2.2", "printk.devkmsg=on", "panic=-1", "console=ttyS0"} <= set(
+        boottest.BOOTTEST_ARGS.split())
+    assert build.sha256(out / record["image"]) == record["sha256"]
+    assert not (out / "boot-test").exists(), "the copy is removed after the boot"
+    assert "27 of 27 checks" in capsys.readouterr().out
+
+
+def test_boot_test_fails_a_cut_run(built, monkeypatch, capsys):
+    out, _ = built
+    monkeypatch.setattr(boottest.subprocess, "run", fake_qemu({}, console(VERIFIER[:10])))
+    assert cli.main(["boot-test", str(out)]) == 1
+    captured = capsys.readouterr()
+    assert "8 of 27 checks" in captured.out and "boot test failed: 27 checks planned, 8 came" in captured.err
+
+
+def test_the_volatile_image_still_boots_with_kernel_and_initrd(tmp_path, monkeypatch):
+    (tmp_path / "lab-tiny.json").write_text(json.dumps({"image": "lab-tiny.img", "volatile": "v.cpio.gz"}))
+    seen = {}
+    monkeypatch.setattr(boottest.shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.setattr(boottest.subprocess, "run", fake_qemu(seen, console(VERIFIER)))
+    assert cli.main(["boot-test", str(tmp_path), "--volatile"]) == 0
+    cmd = seen["cmd"]
+    assert cmd[cmd.index("-initrd") + 1] == str(tmp_path / "v.cpio.gz")
+    assert "printk.devkmsg=on" in cmd[cmd.index("-append") + 1].split()
+
+
+def test_a_disk_without_an_esp_is_refused(tmp_path):
+    disk = tmp_path / "old.img"
+    with open(disk, "wb") as fh:
+        fh.truncate(8 * 2**20)
+    subprocess.run(["sfdisk", "--quiet", str(disk)], input=b"label: gpt\nstart=2048, size=4096, type=L\n",
+                   check=True)
+    with pytest.raises(SystemExit, match="has no EFI system partition"):
+        boottest.esp_offset(disk)
+
+
+def test_the_environment_block_is_what_grub_editenv_writes(tmp_path):
+    block = boottest.grub_env({"vca_cmdline_extra": "vca.boottest panic=-1"})
+    path = tmp_path / "env"
+    path.write_bytes(block)
+    listed = subprocess.run(["grub-editenv", str(path), "list"], capture_output=True, text=True, check=True).stdout
+    assert listed == "vca_cmdline_extra=vca.boottest panic=-1\n"
+    with pytest.raises(ValueError):
+        boottest.grub_env({"x": "a\nb"})

@@ -1,8 +1,9 @@
 """Build a node image from a profile: mmdebstrap into a directory, then a GPT disk with
-the root file system on partition 2, made by sfdisk and `mke2fs -d` (no loop device,
-no mount). Reproducible: SOURCE_DATE_EPOCH, every mtime clamped to it, a fixed
-file-system UUID, hash seed and GPT GUIDs, a sorted package set, and the files a
-first boot makes for itself (ssh host keys, machine-id, logs) left out.
+an EFI system partition (GRUB for x86_64-efi) on partition 1 and the root file system on
+partition 2, made by sfdisk, mkfs.fat + mtools and `mke2fs -d` (no loop device, no
+mount). Reproducible: SOURCE_DATE_EPOCH, every mtime clamped to it, a fixed file-system
+UUID, hash seed, FAT volume id and GPT GUIDs, a sorted package set, and the files a first
+boot makes for itself (ssh host keys, machine-id, logs) left out.
 """
 
 from __future__ import annotations
@@ -22,9 +23,22 @@ from pathlib import Path
 from .profile import agent_units, kernel_debs
 
 SECTOR = 512
-ROOT_START = 4096                                   # sectors: 1 MiB GPT + 1 MiB BIOS-boot partition
+ESP_START = 2048                                    # sectors: after 1 MiB for the GPT
+ESP_SECTORS = 64 * 2**20 // SECTOR                  # 64 MiB, FAT32 (the UEFI spec's file system for an ESP)
+ROOT_START = ESP_START + ESP_SECTORS                # sectors: 65 MiB; partition 2, the root file system
 LINUX_FS = "0FC63DAF-8483-4772-8E79-3D69D8477DE4"
-BIOS_BOOT = "21686148-6449-6E6F-744E-656564454649"
+ESP_TYPE = "C12A7328-F81F-11D2-BA4B-00A0C93EC93B"
+ESP_LABEL = "VCA-ESP"
+# The ESP's files: the firmware's removable-media path, and the menu beside it.
+GRUB_EFI = "EFI/BOOT/BOOTX64.EFI"
+GRUB_CFG = "EFI/BOOT/grub.cfg"
+# Optional, absent from a built disk: a GRUB environment block whose vca_cmdline_extra grub.cfg
+# appends to the kernel command line (the boot test writes one into its copy of the disk).
+CMDLINE_ENV = "EFI/BOOT/vca-cmdline.env"
+# Built into BOOTX64.EFI (grub-mkimage): no module directory on the ESP, nothing loaded later.
+GRUB_MODULES = sorted(["part_gpt", "fat", "ext2", "normal", "linux", "configfile", "search", "search_fs_uuid",
+                       "loadenv", "test", "echo", "efi_gop"])
+DEFAULT_CMDLINE = "root=PARTUUID={root_partuuid} rw console=ttyS0 net.ifnames=0"
 # Left out: every node makes its own at first boot, and they differ between two builds.
 VOLATILE = [
     "etc/ssh/ssh_host_*", "var/lib/dbus/machine-id", "var/lib/systemd/random-seed",
@@ -121,8 +135,9 @@ def recipe(profile):
     return h.hexdigest()[:16]
 
 
-def configure(profile, rootfs, base, packages_installed):
-    """Overlays, network, fleet keys, the image record; then the per-build files out."""
+def configure(profile, rootfs, base, packages_installed, bootloader=None):
+    """Overlays, network, fleet keys, the image record; then the per-build files out.
+    bootloader (grub_version()) goes into the build_id: the ESP's GRUB comes from the build host."""
     for overlay in profile.get("overlays", []):
         shutil.copytree(base / overlay, rootfs, symlinks=True, dirs_exist_ok=True)
     net = profile["network"]
@@ -149,7 +164,8 @@ def configure(profile, rootfs, base, packages_installed):
     # build_id names this image by content (recipe + the package versions it got): a booted
     # node reports it from /etc/vca-image.json, and the host's store files the image under it.
     build = recipe(profile)
-    build_id = hashlib.sha256(("%s\n" % build + "\n".join(packages_installed)).encode()).hexdigest()[:16]
+    named = list(packages_installed) + (["bootloader=%s" % bootloader] if bootloader else [])
+    build_id = hashlib.sha256(("%s\n" % build + "\n".join(named)).encode()).hexdigest()[:16]
     record = {"build_id": build_id, "recipe": build, "profile": profile["name"], "suite": profile["suite"],
               "kernel_version": kernels[-1] if kernels else None,
               "users": [{"name": u["name"], "authorized_keys": bool(u.get("authorized_keys"))}
@@ -191,8 +207,129 @@ def manifest(rootfs):
     return sorted(line for line in out.splitlines() if line)
 
 
+def boot_links(rootfs):
+    """/boot/vmlinuz and /boot/initrd.img, the names grub.cfg loads, as links to the newest
+    vmlinuz-VERSION and initrd.img-VERSION under /boot. Whatever stands there is replaced: a minbase
+    Debian has /vmlinuz and /initrd.img (linux-base's links, in /), and Intel's kernel package makes
+    none. Returns the version, or None for a tree with no kernel."""
+    boot = rootfs / "boot"
+    kernels = sorted(p.name[len("vmlinuz-"):] for p in boot.glob("vmlinuz-*"))
+    if not kernels:
+        return None
+    for kind in ("vmlinuz", "initrd.img"):
+        target = "%s-%s" % (kind, kernels[-1])
+        if not (boot / target).is_file():
+            raise SystemExit("vca-image: /boot/%s is missing: GRUB would load a kernel without it" % target)
+        link = boot / kind
+        if link.is_symlink() or link.is_file():
+            link.unlink()
+        link.symlink_to(target)
+    return kernels[-1]
+
+
+def kernel_cmdline(profile):
+    """The kernel command line grub.cfg boots with: the profile's boot.cmdline (DEFAULT_CMDLINE when
+    it has none) with {root_partuuid} (partition 2's fixed GUID, lower case as udev and blkid name
+    it) and {fs_uuid} filled in. The schema admits nothing GRUB's script would read as more."""
+    template = profile.get("boot", {}).get("cmdline", DEFAULT_CMDLINE)
+    return (template.replace("{root_partuuid}", guid(profile, "root").lower())
+            .replace("{fs_uuid}", profile["image"]["fs_uuid"]))
+
+
+def grub_cfg(profile):
+    """The ESP's menu: the root file system found by its fixed UUID, the kernel and initramfs
+    loaded from it, and vca_cmdline_extra (from CMDLINE_ENV on the ESP, where one is) appended."""
+    return (
+        "# vca-image %(name)s: boot the root file system on partition 2 (ext4, UUID %(uuid)s).\n"
+        "# The kernel command line is the profile's boot.cmdline; vca_cmdline_extra, from the\n"
+        "# GRUB environment block %(env)s where there is one, is appended to it.\n"
+        "set timeout=0\n"
+        "set default=0\n"
+        "set vca_cmdline_extra=\n"
+        "if [ -f ${prefix}/%(envname)s ]; then\n"
+        "    load_env --file ${prefix}/%(envname)s vca_cmdline_extra\n"
+        "fi\n"
+        "if ! search --no-floppy --fs-uuid --set=root %(uuid)s; then\n"
+        "    echo \"vca-image: no file system with UUID %(uuid)s (the root, partition 2)\"\n"
+        "fi\n"
+        "menuentry \"%(name)s\" {\n"
+        "    linux /boot/vmlinuz %(cmdline)s ${vca_cmdline_extra}\n"
+        "    initrd /boot/initrd.img\n"
+        "}\n" % {"name": profile["name"], "uuid": profile["image"]["fs_uuid"], "env": "/" + CMDLINE_ENV,
+                  "envname": CMDLINE_ENV.rsplit("/", 1)[1], "cmdline": kernel_cmdline(profile)})
+
+
+# The programs a build runs beyond mmdebstrap's and e2fsprogs', and the package of each.
+HOST_TOOLS = {"mkfs.fat": "dosfstools", "mcopy": "mtools", "grub-mkimage": "grub-common (with grub-efi-amd64-bin)",
+              "sfdisk": "fdisk"}
+
+
+def check_host():
+    """Before anything is downloaded: the ESP's tools and GRUB's x86_64-efi modules are here."""
+    missing = ["%s (%s)" % (tool, package) for tool, package in HOST_TOOLS.items() if not shutil.which(tool)]
+    if not Path("/usr/lib/grub/x86_64-efi/linux.mod").is_file():
+        missing.append("/usr/lib/grub/x86_64-efi (grub-efi-amd64-bin)")
+    if missing:
+        raise SystemExit("vca-image: missing on this host: %s (scripts/host-packages.txt)" % ", ".join(missing))
+
+
+def grub_version():
+    """The build host's GRUB, as grub-mkimage names itself (it makes BOOTX64.EFI)."""
+    return subprocess.run(["grub-mkimage", "--version"], check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def mtools_env(workdir):
+    """mtools with no host settings (an empty MTOOLSRC), no geometry check, and UTC: FAT keeps
+    local times, so the zone would show in every time stamp."""
+    rc = workdir / "mtoolsrc"
+    rc.write_text("")
+    return dict(os.environ, MTOOLSRC=str(rc), MTOOLS_SKIP_CHECK="1", TZ="UTC0", LC_ALL="C")
+
+
+def make_esp(profile, out):
+    """The EFI system partition as a file: FAT32 by mkfs.fat with a fixed volume id and label
+    (--invariant for the rest), GRUB's BOOTX64.EFI (grub-mkimage, its modules built in, an
+    embedded config that reads grub.cfg beside it) and grub.cfg put in by mcopy -m from a
+    tree whose times are clamped to SOURCE_DATE_EPOCH. No loop device, no mount."""
+    epoch = profile["image"]["source_date_epoch"]
+    work = out / "esp.d"
+    if work.exists():
+        shutil.rmtree(work)
+    tree = work / "tree"
+    (tree / "EFI/BOOT").mkdir(parents=True)
+    embedded = work / "embedded.cfg"
+    # $prefix is (the ESP GRUB was loaded from)/EFI/BOOT: -p names the directory, the firmware the device
+    embedded.write_text("configfile ${prefix}/grub.cfg\n")
+    run(["grub-mkimage", "-O", "x86_64-efi", "-p", "/EFI/BOOT", "-c", embedded, "-o", tree / GRUB_EFI,
+         *GRUB_MODULES])
+    (tree / GRUB_CFG).write_text(grub_cfg(profile))
+    clamp_mtimes(tree, epoch)
+    esp = out / "esp.fat"
+    esp.unlink(missing_ok=True)
+    volume_id = guid(profile, "esp")[:8]
+    # --invariant first: it also fixes the volume id, and the -i after it wins
+    run(["mkfs.fat", "--invariant", "-i", volume_id, "-n", ESP_LABEL, "-F", "32", "-S", str(SECTOR), "-s", "1",
+         "-C", esp, str(ESP_SECTORS * SECTOR // 1024)], stdout=subprocess.DEVNULL)
+    run(["mcopy", "-s", "-m", "-Q", "-i", esp, tree / "EFI", "::/"], env=mtools_env(work))
+    shutil.rmtree(work)
+    return esp
+
+
+def write_sparse(src, dst, offset):
+    """Copy the file src into dst at byte offset, writing only the blocks that hold data."""
+    with open(src, "rb") as fin, open(dst, "r+b") as fout:
+        for block in iter(lambda: fin.read(1 << 20), b""):
+            if block.count(0) != len(block):
+                fout.seek(offset)
+                fout.write(block)
+            offset += len(block)
+
+
 def make_disk(profile, rootfs, out):
-    """root.ext4 from the tree, then the GPT disk around it: no loop device, no mount."""
+    """root.ext4 from the tree and the ESP, then the GPT disk around them: partition 1 the EFI
+    system partition, partition 2 the root file system (as `vcactl blockio open ... vcablk0` and
+    the node_image role read it). No loop device, no mount."""
     img = profile["image"]
     fs = out / "root.ext4"
     fs.unlink(missing_ok=True)
@@ -203,24 +340,22 @@ def make_disk(profile, rootfs, out):
          "-E", "hash_seed=%s,root_owner=0:0,lazy_itable_init=0" % img["hash_seed"],
          "-d", rootfs, fs, "%dM" % size_mib], env=env)
     clamp_ctimes(fs, rootfs, img["source_date_epoch"])
+    esp = make_esp(profile, out)
     fs_sectors = size_mib * 2**20 // SECTOR
     disk = out / ("%s.img" % profile["name"])
+    disk.unlink(missing_ok=True)
     total = ROOT_START + fs_sectors + 2048                 # room for the backup GPT
     with open(disk, "wb") as fh:
         fh.truncate(total * SECTOR)
     layout = ("label: gpt\nlabel-id: %s\nunit: sectors\nfirst-lba: 2048\n"
-              "start=2048, size=2048, type=%s, uuid=%s, name=\"bios\"\n"
+              "start=%d, size=%d, type=%s, uuid=%s, name=\"esp\"\n"
               "start=%d, size=%d, type=%s, uuid=%s, name=\"vcaroot\"\n"
-              % (guid(profile, "disk"), BIOS_BOOT, guid(profile, "bios"), ROOT_START, fs_sectors, LINUX_FS,
-                 guid(profile, "root")))
+              % (guid(profile, "disk"), ESP_START, ESP_SECTORS, ESP_TYPE, guid(profile, "esp"),
+                 ROOT_START, fs_sectors, LINUX_FS, guid(profile, "root")))
     run(["sfdisk", "--quiet", "--no-reread", "--no-tell-kernel", disk], input=layout.encode())
-    with open(fs, "rb") as src, open(disk, "r+b") as dst:       # sparse: only blocks with data are written
-        offset = ROOT_START * SECTOR
-        for block in iter(lambda: src.read(1 << 20), b""):
-            if block.count(0) != len(block):
-                dst.seek(offset)
-                dst.write(block)
-            offset += len(block)
+    write_sparse(esp, disk, ESP_START * SECTOR)            # sparse: only blocks with data are written
+    write_sparse(fs, disk, ROOT_START * SECTOR)
+    esp.unlink()
     fs.unlink()
     return disk
 
@@ -263,13 +398,17 @@ def build(profile, out, cache=None, keep_rootfs=False):
     out.mkdir(parents=True, exist_ok=True)
     base = Path(profile["_files"][0]).resolve().parent.parent
     cache = Path(cache or os.environ.get("VCA_IMAGE_CACHE", Path.home() / ".cache" / "vca-image" / "apt"))
+    check_host()
     rootfs = out / "rootfs"
     if rootfs.exists():
         shutil.rmtree(rootfs)
     bootstrap(profile, rootfs, cache / profile["suite"])
     installed = manifest(rootfs)
-    record = configure(profile, rootfs, base, installed)
+    bootloader = grub_version()
+    record = configure(profile, rootfs, base, installed, bootloader)
     record["packages"] = installed
+    boot_links(rootfs)                               # /boot/vmlinuz, /boot/initrd.img: what grub.cfg loads
+    record["boot"] = {"cmdline": kernel_cmdline(profile), "bootloader": bootloader}
     for kind in ("vmlinuz", "initrd.img"):           # for QEMU's -kernel/-initrd and for vcactl
         found = sorted((rootfs / "boot").glob("%s-*" % kind))
         if found:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -15,6 +16,27 @@ from .boottest import boot, tap_problems
 from .profile import ProfileError, list_profiles, load
 
 
+def esp_problems(path, parts):
+    """Partition 1 must be an EFI system partition holding FAT with GRUB where the firmware
+    looks for it (the removable-media path) and its grub.cfg (read with mtools, no mount)."""
+    if not parts or parts[0]["type"].upper() != builder.ESP_TYPE:
+        return ["%s: partition 1 is not an EFI system partition (the firmware boots GRUB from it)" % path]
+    offset = parts[0]["start"] * builder.SECTOR
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        boot = fh.read(512)
+    if boot[510:512] != b"\x55\xaa" or boot[82:90] != b"FAT32   ":
+        return ["%s: partition 1 holds no FAT32 file system" % path]
+    problems = []
+    env = dict(os.environ, MTOOLS_SKIP_CHECK="1", MTOOLSRC=os.devnull)
+    for name in (builder.GRUB_EFI, builder.GRUB_CFG):
+        found = subprocess.run(["mdir", "-b", "-i", "%s@@%d" % (path, offset), "::/" + name],
+                               check=False, capture_output=True, text=True, env=env)
+        if found.returncode != 0:
+            problems.append("%s: the EFI system partition has no /%s" % (path, name))
+    return problems
+
+
 def verify_image(path):
     """Problems with a built image (an empty list: it is what vcactl blockio expects)."""
     path = Path(path)
@@ -24,6 +46,7 @@ def verify_image(path):
     parts = table.get("partitions", [])
     if table.get("label") != "gpt":
         problems.append("%s: not a GPT disk" % path)
+    problems += esp_problems(path, parts)
     if len(parts) < 2 or parts[1]["type"].upper() != builder.LINUX_FS:
         problems.append("%s: partition 2 is not a Linux file system (vcactl blockio roots on it)" % path)
         return problems

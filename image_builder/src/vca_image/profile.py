@@ -29,6 +29,12 @@ DEB_NAME = {"type": "string", "pattern": r"^[a-z0-9][a-z0-9+.-]*\Z", "descriptio
 # A systemd service name: it goes into vca-node.conf (KEY=value, space-separated) for the verifier.
 SERVICE_NAME = {"type": "string", "pattern": r"^[A-Za-z0-9:_.@-]+\.service\Z",
                 "description": "a systemd service name (NAME.service)"}
+# boot.cmdline: kernel arguments separated by single spaces, each of characters GRUB's script reads as
+# plain text, and the builder's placeholders {root_partuuid} and {fs_uuid}.
+_ARG = r"(?:[A-Za-z0-9_.,:=/@+%-]|\{root_partuuid\}|\{fs_uuid\})+"
+CMDLINE = {"type": "string", "pattern": r"^%s(?: %s)*\Z" % (_ARG, _ARG),
+           "description": "a kernel command line: arguments of [A-Za-z0-9_.,:=/@+%-] and the placeholders "
+                          "{root_partuuid} and {fs_uuid}, separated by single spaces"}
 # kernel.vca_userspace.version in a shipped profile when this project does not know the version of
 # Intel's packages: kernel_debs() refuses it, naming the version it found, before anything is downloaded.
 UNSET = "UNSET"
@@ -105,6 +111,13 @@ SCHEMA = {
             "type": "object",
             "additionalProperties": False,
             "properties": {"mem_floor_mib": {"type": "integer", "minimum": 0}},
+        },
+        # how the blockio disk boots: its ESP's grub.cfg loads /boot/vmlinuz with this command line
+        # (default build.DEFAULT_CMDLINE: root=PARTUUID={root_partuuid} rw console=ttyS0 net.ifnames=0)
+        "boot": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {"cmdline": CMDLINE},
         },
         # blockio (the persistent disk) is always built; volatile (RAM boot) where asked for
         "formats": {"type": "array", "items": {"enum": ["blockio", "volatile"]}, "contains": {"const": "blockio"}},
