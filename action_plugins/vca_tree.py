@@ -20,8 +20,13 @@ def pack(src, exclude):
     """(tar bytes, sha256) of every file under src whose relative path no exclude pattern matches."""
     patterns = [re.compile(p) for p in exclude]
     buf = io.BytesIO()
+    seen = set()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for dirpath, dirnames, filenames in os.walk(src, followlinks=True):
+            real = os.path.realpath(dirpath)
+            if real in seen:      # a link back up the tree: refused, not walked for ever
+                raise AnsibleActionFail("vca_tree: %s links back into %s" % (dirpath, real))
+            seen.add(real)
             rel_dir = os.path.relpath(dirpath, src)
             dirnames[:] = sorted(d for d in dirnames
                                  if not any(p.search(os.path.normpath(os.path.join(rel_dir, d))) for p in patterns))

@@ -6,8 +6,8 @@ short_description: Put a directory of the controller on the target as one tar, o
 description:
   - The action plugin packs O(src) into one reproducible tar (symbolic links followed, names sorted,
     times and owners zeroed, files 0644 or 0755 as their execute bit says) and compares its sha256
-    with the one recorded in O(dest). Only when they differ does the tar travel, and O(dest) is
-    replaced by its content in one rename.
+    with the one recorded in O(dest). Only when they differ does the tar travel: it is unpacked
+    beside O(dest), which is then swapped for it by two renames (O(dest) is absent only between them).
   - So an unchanged tree costs one module call however many files it holds, where a copy task
     compares every file.
   - O(dest) belongs to the tree: anything else in it is removed when the tree changes.

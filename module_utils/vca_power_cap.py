@@ -21,14 +21,15 @@ FIELDS = (("w", "power_limit_uw", 1e6), ("window_s", "time_window_us", 1e6))
 MIN_POWER_UW = 1000000
 # RAPL holds a limit in the steps of MSR_RAPL_POWER_UNIT (0xA0E03 on Skylake, the
 # E3-1585L v5 included): power in 1/8 W, windows as 2^Y * (1 + F/4) units of
-# 1/1024 s. A value written reads back rounded down to a step, and a value
-# within one step of the wanted one is the wanted one in force.
+# 1/1024 s. A value written reads back rounded down to a step, so the wanted
+# value is in force when what is held is at most one step below it, never above.
 POWER_STEP_UW = 125000
 TIME_UNIT_US = 976
 
 
 def step(field, wanted_value):
-    """The size of one RAPL step at wanted_value, in the field's micro-units."""
+    """How far below wanted_value RAPL may hold it, in the field's micro-units: one power step;
+    for a window one F step at its magnitude plus the time unit the kernel truncates to."""
     if field == "power_limit_uw":
         return POWER_STEP_UW
     units = max(int(wanted_value) // TIME_UNIT_US, 1)
@@ -36,7 +37,7 @@ def step(field, wanted_value):
 
 
 def in_force(field, actual, wanted_value):
-    return actual is not None and abs(actual - wanted_value) < step(field, wanted_value)
+    return actual is not None and 0 <= wanted_value - actual < step(field, wanted_value)
 
 
 class PowerCapError(Exception):

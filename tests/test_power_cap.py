@@ -143,3 +143,14 @@ def test_a_write_that_does_not_hold_fails_naming_the_file(sim_tree, tmp_path, ca
     assert result["failed"]
     assert "wrote 35 W to" in result["msg"]
     assert "constraint_0_power_limit_uw but it reads back 45000000" in result["msg"]
+
+
+@pytest.mark.parametrize("held_s", [1.25, 0.5])
+def test_a_window_rapl_would_not_round_to_is_not_in_force(sim_tree, tmp_path, capsys, held_s):
+    # RAPL only rounds down, by less than one step: a window above the wanted one, or
+    # more than a step below it, is another window.
+    sim_tree.read_limits()
+    (sim_tree.rapl / "constraint_0_time_window_us").write_text("%d\n" % (held_s * 1e6))
+    result = run_module("vca_power_cap", cap_args(sim_tree, tmp_path, pl1_window_s=1), capsys)
+    assert [c.split(":")[0] for c in result["changes"]] == ["long_term time_window_us"]
+    assert limit(sim_tree, 0, "time_window_us") == 1000000

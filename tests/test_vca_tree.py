@@ -7,7 +7,9 @@ import os
 import subprocess
 import sys
 
+import pytest
 import yaml
+from ansible.errors import AnsibleActionFail
 
 from conftest import ROOT
 
@@ -78,3 +80,10 @@ def test_check_mode_reports_and_moves_nothing_then_a_change_replaces_the_tree(tm
     assert again["changed"] is True and (dest / "a.py").read_text() == "a = 2\n"
     assert not (dest / "sub/run.sh").exists()                 # the target holds the tree, nothing else
     assert not list(dest.parent.glob("*.vcafleet-*"))
+
+
+def test_a_link_back_up_the_tree_is_refused_not_walked_for_ever(tmp_path):
+    src = make_tree(tmp_path)
+    os.symlink("..", src / "sub/up")
+    with pytest.raises(AnsibleActionFail, match="links back into"):
+        pack(str(src), [])
