@@ -195,3 +195,24 @@ def test_vca_state(tmp_path, state, want):
     assert status(summary, STATE)[0] == want
     if want == "fail":
         assert status(summary, STATE)[1] == "%s, healthy is net_device_ready or os_ready" % state
+
+
+FLEET = "fleet keys authorised"
+
+
+def fleet_status(summary):
+    (result,) = [r for r in summary["results"] if r["name"] == FLEET]
+    return result["status"], result["detail"]
+
+
+@pytest.mark.parametrize("local, want", [
+    ("FLEET_USERS=vcafleet-no-such-user\n", "vcafleet-no-such-user: no such user"),
+    ("FLEET_USERS=nobody\n", "nobody: no /nonexistent/.ssh"),     # Debian's nobody: home /nonexistent
+    ("HOSTNAME=vca-node-0\n", "no fleet users"),                  # nothing names a user the fleet logs in as
+])
+def test_the_fleet_keys_check_fails_for_a_user_the_fleet_cannot_log_in_as(tmp_path, local, want):
+    env = node_tree(tmp_path)
+    (tmp_path / "etc/vca-node.local.conf").write_text(local)
+    _, summary = verify(tmp_path, env)
+    status_, detail = fleet_status(summary)
+    assert status_ == "fail" and want in detail, detail

@@ -8,9 +8,18 @@ block (build.CMDLINE_ENV) written with mtools into a throwaway copy of the disk,
 so the built disk is never changed. The volatile image still boots with
 QEMU's -kernel/-initrd (its bootable form is a later step).
 
-The image's vca-boottest.service runs vca-node-verify --kmsg when the kernel
-command line says vca.boottest, then powers off; QEMU runs with -no-reboot.
-The TAP lines come back on the serial console as kernel messages.
+Two ways to read the verifier:
+- kmsg (no ssh key given): the image's vca-boottest.service runs vca-node-verify
+  --kmsg when the kernel command line says vca.boottest, then powers off; QEMU
+  runs with -no-reboot. The TAP lines come back on the serial console as kernel
+  messages.
+- ssh (boot_ssh()): QEMU forwards a free loopback port to the guest's port 22;
+  the test logs in as the admin user with the fleet's key, accepting only the
+  host key it was given (StrictHostKeyChecking, a known_hosts of that one key),
+  runs `sudo vca-node-verify` and reads its TAP from ssh's stdout, then powers
+  the node off with `sudo systemctl poweroff`. Its command line has no
+  vca.boottest (SSH_BOOTTEST_ARGS), so vca-boottest.service stays off. In the
+  same boot it tries one login that expects another host key, which must fail.
 """
 
 from __future__ import annotations
@@ -19,33 +28,43 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
 
 from . import build
 
-TAP = re.compile(r"vca-node-verify: (.*)$")
+KMSG_PREFIX = "vca-node-verify: "     # what vca-node-verify --kmsg puts before each line in the kernel log
 PLAN = re.compile(r"^1\.\.(\d+)$")
 RESULT = re.compile(r"^(ok|not ok) (\d+) - (.*?)(?: # (SKIP)? ?(.*))?$")
 # devkmsg's default rate limit (10 lines per 5 s) drops most of the verifier's lines.
 KERNEL_ARGS = "console=ttyS0 printk.devkmsg=on net.ifnames=0 vca.boottest vca.host=10.0.2.2 panic=-1"
 # What the boot test adds to the disk's own command line (grub.cfg has root=, net.ifnames=0).
 BOOTTEST_ARGS = "vca.boottest vca.host=10.0.2.2 printk.devkmsg=on panic=-1 console=ttyS0"
+# The same over ssh, without vca.boottest (its service would power the node off before the login).
+# vca.host names QEMU's gateway, the host, to the verifier's route checks.
+SSH_BOOTTEST_ARGS = "vca.host=10.0.2.2 panic=-1 console=ttyS0"
+VERIFY = "/usr/local/sbin/vca-node-verify"
 # Debian's ovmf: UEFI for x86_64 without Secure Boot or SMM (its QEMU descriptor
 # 60-edk2-x86_64.json names the 4M pair); the code read-only, a copy of the variable store writable.
 OVMF = [("/usr/share/OVMF/OVMF_CODE_4M.fd", "/usr/share/OVMF/OVMF_VARS_4M.fd"),
         ("/usr/share/OVMF/OVMF_CODE.fd", "/usr/share/OVMF/OVMF_VARS.fd")]
 
 
-def parse_tap(text):
-    """The verifier's plan (None when no 1..N came) and its results, from the console text."""
+def parse_tap(text, prefix=KMSG_PREFIX):
+    """The verifier's plan (None when no 1..N came) and its results: from the console text, where
+    each line of the verifier's carries prefix after the kernel's time stamp, or (prefix None) from
+    the verifier's own output, plain TAP, as ssh brings it back."""
     plan, results = None, []
     for line in text.splitlines():
-        m = TAP.search(line)
-        if not m:
-            continue
-        tap = m.group(1).strip()
+        if prefix is None:
+            tap = line.strip()
+        else:
+            at = line.find(prefix)
+            if at < 0:
+                continue
+            tap = line[at + len(prefix):].strip()
         if p := PLAN.match(tap):
             plan = int(p.group(1))
         elif r := RESULT.match(tap):
@@ -55,11 +74,11 @@ def parse_tap(text):
     return plan, results
 
 
-def tap_problems(plan, results):
+def tap_problems(plan, results, where="on the console"):
     """Why the verifier's output fails the boot test, one line each; [] when it passes."""
     problems = []
     if plan is None:
-        problems.append("no TAP plan (1..N) on the console; %d checks came" % len(results))
+        problems.append("no TAP plan (1..N) %s; %d checks came" % (where, len(results)))
     elif len(results) != plan:
         problems.append("%d checks planned, %d came" % (plan, len(results)))
     failed = [r for r in results if r["status"] == "fail"]
@@ -114,48 +133,217 @@ def boot_copy(image, work, extra_args):
     return copy
 
 
-def boot(out, image=None, timeout=600, memory_mib=1536, volatile=False):
-    """Boot out/<image> from its own ESP under OVMF (a copy of it, with BOOTTEST_ARGS), or
-    (volatile) out/vmlinuz with the whole-root initramfs and no disk; returns
-    (plan, results, seconds, console text)."""
-    out = Path(out)
-    records = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+def build_record(out, volatile=False):
+    """The build's record in out (<profile>.json); SystemExit when there is none."""
+    records = [json.loads(p.read_text()) for p in sorted(Path(out).glob("*.json"))]
     records = [r for r in records if isinstance(r, dict) and "image" in r]
     if not records:
         raise SystemExit("vca-image: no build record (<profile>.json) in %s" % out)
     if volatile and "volatile" not in records[0]:
         raise SystemExit("vca-image: %s has no volatile image (its profile's formats do not ask for one)" % out)
-    image = image or out / records[0]["image"]
+    return records[0]
+
+
+def qemu_argv(out, record, image, work, memory_mib, *, args, volatile=False, netdev="user,id=n0"):
+    """QEMU's command line: the disk (a copy with args on its ESP) under OVMF, or the volatile image."""
     qemu = shutil.which("qemu-system-x86_64")
     if not qemu:
         raise SystemExit("vca-image: qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)")
     console = out / "boot-console.log"
     console.unlink(missing_ok=True)
-    work = out / "boot-test"
     cmd = [qemu, "-machine", "q35", "-m", str(memory_mib), "-smp", "2", "-display", "none", "-no-reboot",
            "-serial", "file:%s" % console]
     # romfile=: no iPXE option ROM, so the firmware does not try a network boot
-    net = ["-netdev", "user,id=n0", "-device", "virtio-net-pci,netdev=n0,romfile="]
+    net = ["-netdev", netdev, "-device", "virtio-net-pci,netdev=n0,romfile="]
     if volatile:    # no root=: the kernel runs /init from the initramfs, in tmpfs
-        cmd += ["-snapshot", "-kernel", str(out / "vmlinuz"), "-initrd", str(out / records[0]["volatile"]),
+        return [*cmd, "-snapshot", "-kernel", str(out / "vmlinuz"), "-initrd", str(out / record["volatile"]),
                 "-append", KERNEL_ARGS, *net]
-    else:
-        code, nvram = ovmf()
-        disk = boot_copy(image, work, BOOTTEST_ARGS)
-        variables = work / "OVMF_VARS.fd"
-        shutil.copyfile(nvram, variables)
-        cmd += ["-drive", "if=pflash,format=raw,unit=0,readonly=on,file=%s" % code,
-                "-drive", "if=pflash,format=raw,unit=1,file=%s" % variables,
-                "-drive", "if=none,id=disk0,format=raw,file=%s" % disk,
-                "-device", "virtio-blk-pci,drive=disk0,bootindex=0", *net]
-    start = time.monotonic()
+    code, nvram = ovmf()
+    disk = boot_copy(image or out / record["image"], work, args)
+    variables = work / "OVMF_VARS.fd"
+    shutil.copyfile(nvram, variables)
+    return [*cmd, "-drive", "if=pflash,format=raw,unit=0,readonly=on,file=%s" % code,
+            "-drive", "if=pflash,format=raw,unit=1,file=%s" % variables,
+            "-drive", "if=none,id=disk0,format=raw,file=%s" % disk,
+            "-device", "virtio-blk-pci,drive=disk0,bootindex=0", *net]
+
+
+def boot(out, image=None, timeout=600, memory_mib=1536, volatile=False):
+    """Boot out/<image> (or image) from its own ESP under OVMF (a copy of it, with BOOTTEST_ARGS), or
+    (volatile) out/vmlinuz with the whole-root initramfs and no disk, and read the verifier's TAP
+    from the console; returns (plan, results, seconds, console text)."""
+    out = Path(out)
+    record = build_record(out, volatile)
+    work = out / "boot-test"
     try:
-        subprocess.run(cmd, timeout=timeout, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    except subprocess.TimeoutExpired:
-        pass
+        cmd = qemu_argv(out, record, image, work, memory_mib, args=BOOTTEST_ARGS, volatile=volatile)
+        start = time.monotonic()
+        try:
+            subprocess.run(cmd, timeout=timeout, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        except subprocess.TimeoutExpired:
+            pass
+        seconds = time.monotonic() - start
     finally:
         if work.exists():
             shutil.rmtree(work)
-    seconds = time.monotonic() - start
+    console = out / "boot-console.log"
     text = console.read_text(errors="replace") if console.exists() else ""
     return (*parse_tap(text), seconds, text)
+
+
+def free_port():
+    """A TCP port on the loopback free now, for QEMU's forward to the guest's sshd."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def known_hosts_line(port, public_key):
+    """The one line a known_hosts needs for the guest's sshd behind QEMU's forward: [127.0.0.1]:PORT
+    and the expected ed25519 key (public_key: the text of an ssh_host_ed25519_key.pub)."""
+    fields = public_key.split()
+    if len(fields) < 2 or fields[0] != "ssh-ed25519":
+        raise SystemExit("vca-image: the expected host key is no ssh-ed25519 public key: %r"
+                         % public_key.strip()[:60])
+    return "[127.0.0.1]:%d %s %s\n" % (port, fields[0], fields[1])
+
+
+def ssh_argv(port, key, known_hosts, user, command):
+    """ssh to the guest as user with key, accepting only the host key in known_hosts: no config of
+    this machine's (-F /dev/null, no global known_hosts), no agent, no password or prompt."""
+    return ["ssh", "-F", "/dev/null", "-p", str(port), "-i", str(key),
+            "-o", "StrictHostKeyChecking=yes", "-o", "UserKnownHostsFile=%s" % known_hosts,
+            "-o", "GlobalKnownHostsFile=/dev/null", "-o", "HostKeyAlgorithms=ssh-ed25519",
+            "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-o", "IdentityAgent=none",
+            "-o", "ConnectTimeout=20", "%s@127.0.0.1" % user, command]
+
+
+def ssh_banner(port, timeout=5.0):
+    """The guest sshd's banner (SSH-2.0-...) through the forward, or None: QEMU takes the connection
+    whether or not the guest listens, so only the banner says that sshd answers."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            data = s.recv(256)
+    except OSError:
+        return None
+    return data.decode(errors="replace").strip() if data.startswith(b"SSH-") else None
+
+
+HOST_KEY_REFUSED = "Host key verification failed"
+
+
+class Guest:
+    """The booted guest through QEMU's forward: ssh as user with key, accepting only the host key
+    in known_hosts, within the boot's deadline."""
+
+    def __init__(self, qemu, port, key, user, deadline):
+        self.qemu, self.port, self.key, self.user, self.deadline = qemu, port, key, user, deadline
+
+    def left(self):
+        return max(1.0, self.deadline - time.monotonic())
+
+    def over(self):
+        return time.monotonic() >= self.deadline or self.qemu.poll() is not None
+
+    def ssh(self, known_hosts, command, limit=None):
+        try:
+            return subprocess.run(ssh_argv(self.port, self.key, known_hosts, self.user, command), capture_output=True,
+                                  text=True, check=False, timeout=min(limit or self.left(), self.left()))
+        except subprocess.TimeoutExpired:
+            return subprocess.CompletedProcess([], 124, "", "ssh timed out")
+
+    def wait_for_sshd(self):
+        while not self.over():
+            if ssh_banner(self.port):
+                return True
+            time.sleep(2)
+        return False
+
+    def login(self, known_hosts):
+        """None once a login ran `true`, else why not. sshd answers before logins are let in
+        (pam_nologin until systemd-user-sessions), so a refusal is tried again; a host key that
+        is not the expected one is not."""
+        while True:
+            done = self.ssh(known_hosts, "true", limit=60)
+            if done.returncode == 0:
+                return None
+            if HOST_KEY_REFUSED in done.stderr:
+                return "the guest's host key is not the expected one: %s" % done.stderr.strip().splitlines()[-1]
+            if self.over():
+                return "no login as %s: %s" % (self.user, done.stderr.strip()[-300:])
+            time.sleep(2)
+
+
+def logged_in(guest, known, other, result, start):
+    """What the boot test does once logged in: a login expecting another host key (it must be
+    refused), the verifier after the boot finished, the power-off."""
+    problems, timings = result["problems"], result["timings"]
+    wrong = guest.ssh(other, "true", limit=60)
+    result["wrong_host_key_refused"] = wrong.returncode != 0 and HOST_KEY_REFUSED in wrong.stderr
+    if not result["wrong_host_key_refused"]:
+        problems.append("a login that expected another host key was not refused (exit %d): %s"
+                        % (wrong.returncode, wrong.stderr.strip()[-200:]))
+    state = guest.ssh(known, "systemctl is-system-running --wait")
+    result["system_state"] = state.stdout.strip() or state.stderr.strip()[-100:]
+    timings["system"] = time.monotonic() - start
+    verify = guest.ssh(known, "sudo -n %s" % VERIFY)
+    timings["verifier"] = time.monotonic() - start
+    result["text"] = verify.stdout
+    result["plan"], result["results"] = parse_tap(verify.stdout, prefix=None)
+    if verify.returncode not in (0, 1):      # 1: a check failed, which the TAP says
+        problems.append("sudo -n %s over ssh: exit %d: %s" % (VERIFY, verify.returncode, verify.stderr.strip()[-300:]))
+    guest.ssh(known, "sudo -n systemctl poweroff", limit=30)
+    try:
+        guest.qemu.wait(timeout=guest.left())
+        timings["poweroff"] = time.monotonic() - start
+    except subprocess.TimeoutExpired:
+        problems.append("the guest did not power off before the boot test's time ran out")
+
+
+def boot_ssh(out, key, host_key, *, user="vcaadmin", image=None, timeout=600, memory_mib=1536):
+    """Boot the disk (image, or the build's) as boot() does but with SSH_BOOTTEST_ARGS and port 22
+    forwarded from a free loopback port; log in as user with key, expecting the host key whose .pub
+    is host_key; try one login that expects another host key (it must be refused); run the verifier
+    with sudo and read its TAP from ssh; power off and wait for QEMU. Returns a dict: plan, results,
+    text (the verifier's output), problems (beyond the TAP's), timings (s from QEMU's start), seconds."""
+    out = Path(out)
+    record = build_record(out)
+    work = out / "boot-test"
+    port = free_port()
+    result = {"plan": None, "results": [], "text": "", "problems": [], "timings": {}, "port": port}
+    problems, timings = result["problems"], result["timings"]
+    qemu = None
+    start = time.monotonic()
+    try:
+        cmd = qemu_argv(out, record, image, work, memory_mib, args=SSH_BOOTTEST_ARGS,
+                        netdev="user,id=n0,hostfwd=tcp:127.0.0.1:%d-:22" % port)
+        known = work / "known_hosts"
+        known.write_text(known_hosts_line(port, Path(host_key).read_text()))
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(work / "other")], check=True,
+                       stdout=subprocess.DEVNULL)
+        other = work / "known_hosts.other"
+        other.write_text(known_hosts_line(port, (work / "other.pub").read_text()))
+        start = time.monotonic()
+        with open(work / "qemu.log", "w") as log:
+            qemu = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
+        guest = Guest(qemu, port, key, user, start + timeout)
+        if not guest.wait_for_sshd():
+            problems.append("sshd did not answer on 127.0.0.1:%d within %d s" % (port, timeout) if qemu.poll() is None
+                            else "QEMU exited (%s) before sshd answered: %s" % (
+                                qemu.returncode, (work / "qemu.log").read_text(errors="replace").strip()[-300:]))
+            return result
+        timings["ssh"] = time.monotonic() - start
+        refused = guest.login(known)
+        if refused:
+            problems.append(refused)
+            return result
+        timings["login"] = time.monotonic() - start
+        logged_in(guest, known, other, result, start)
+        return result
+    finally:
+        result["seconds"] = time.monotonic() - start
+        if qemu is not None and qemu.poll() is None:
+            qemu.kill()
+            qemu.wait()
+        if work.exists():
+            shutil.rmtree(work)

@@ -86,9 +86,10 @@ def useradd_argv(user):
 def user_hooks(profile):
     """The customize hooks that add the profile's users. mmdebstrap runs a hook with
     `sh -c HOOK exec ROOTFS`, so each is a shell command: every value in it is quoted
-    (the profile schema admits only plain user and group names as well)."""
+    (the profile schema admits only plain user and group names as well). root is in every tree
+    already: a profile lists it only for its authorized_keys."""
     return ['chroot "$1" ' + " ".join(shlex.quote(arg) for arg in useradd_argv(user))
-            for user in profile.get("users", [])]
+            for user in profile.get("users", []) if user["name"] != "root"]
 
 
 def bootstrap(profile, rootfs, cache):
@@ -121,6 +122,31 @@ def write(root, rel, text, mode=0o644):
     path.chmod(mode)
 
 
+def passwd(rootfs):
+    """name -> (uid, gid, home) from the tree's own etc/passwd: the image's accounts, not the build host's."""
+    accounts = {}
+    path = rootfs / "etc/passwd"
+    for line in (path.read_text().splitlines() if path.is_file() else []):
+        fields = line.split(":")
+        if len(fields) >= 6 and fields[2].isdigit() and fields[3].isdigit():
+            accounts.setdefault(fields[0], (int(fields[2]), int(fields[3]), fields[5]))
+    return accounts
+
+
+def authorize(rootfs, accounts, name, keys):
+    """The user's ~/.ssh (0700) and authorized_keys (0600), both owned by the user, as sshd's
+    StrictModes wants them; home is the one the tree's etc/passwd names (root's: /root)."""
+    if name not in accounts:
+        raise SystemExit("vca-image: user %s has authorized_keys but is not in the image's /etc/passwd" % name)
+    uid, gid, home = accounts[name]
+    ssh = rootfs / home.lstrip("/") / ".ssh"
+    ssh.mkdir(parents=True, exist_ok=True)
+    ssh.chmod(0o700)
+    os.chown(ssh, uid, gid)
+    write(ssh, "authorized_keys", "".join(k.strip() + "\n" for k in keys), 0o600)
+    os.chown(ssh / "authorized_keys", uid, gid)
+
+
 def recipe(profile):
     """What a build is made from: the merged profile, every overlay file and this builder's code.
     Two builds of one recipe differ only where the archive moved on; the role builds once per recipe."""
@@ -140,6 +166,14 @@ def configure(profile, rootfs, base, packages_installed, bootloader=None):
     bootloader (grub_version()) goes into the build_id: the ESP's GRUB comes from the build host."""
     for overlay in profile.get("overlays", []):
         shutil.copytree(base / overlay, rootfs, symlinks=True, dirs_exist_ok=True)
+    # git keeps a file 0644 or 0755 and copytree gives each directory its overlay's mode: sudo's
+    # drop-ins are 0440 in a 0750 directory, as the sudo package makes them
+    sudoers = rootfs / "etc/sudoers.d"
+    if sudoers.is_dir():
+        sudoers.chmod(0o750)
+        for path in sudoers.iterdir():
+            if path.is_file() and not path.is_symlink():
+                path.chmod(0o440)
     net = profile["network"]
     # ifupdown's dhcp method has no mtu option: the link is set before the lease is asked for.
     write(rootfs, "etc/network/interfaces.d/%s" % net["interface"],
@@ -151,10 +185,10 @@ def configure(profile, rootfs, base, packages_installed, bootloader=None):
           "IFACE=%s\nMTU=%d\nMEM_FLOOR_MIB=%d\nVCA_AGENT_UNITS=%s\n"
           % (net["interface"], net["mtu"], profile.get("verify", {}).get("mem_floor_mib", 256),
              " ".join(agent_units(profile))))
+    accounts = passwd(rootfs)
     for user in profile.get("users", []):
         if user.get("authorized_keys"):
-            home = rootfs / ("root" if user["name"] == "root" else "home/%s" % user["name"])
-            write(home, ".ssh/authorized_keys", "".join(k.strip() + "\n" for k in user["authorized_keys"]), 0o600)
+            authorize(rootfs, accounts, user["name"], user["authorized_keys"])
     for pattern in VOLATILE:
         for path in rootfs.glob(pattern):
             if path.is_file() or path.is_symlink():

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from . import build as builder
-from .boottest import boot, tap_problems
+from .boottest import boot, boot_ssh, tap_problems
 from .profile import ProfileError, list_profiles, load
 
 
@@ -68,16 +68,45 @@ def verify_image(path):
     return problems
 
 
-def boot_test(args):
-    """Boot the build under QEMU; 0 only when every check the verifier planned came and none is not ok."""
-    plan, results, seconds, _ = boot(args.out, timeout=args.timeout, memory_mib=args.memory, volatile=args.volatile)
+def report_checks(plan, results, seconds, what):
+    """The verifier's checks, one line each, and the count line."""
     for r in results:
         detail = " (%s)" % r["detail"] if r["detail"] else ""
         print("%-4s %2d %s%s" % (r["status"].upper(), r["n"], r["name"], detail))
     count = {s: sum(r["status"] == s for r in results) for s in ("pass", "fail", "skip")}
-    print("boot to verifier done: %.0f s; %d of %s checks, %d pass, %d fail, %d skip (hardware absent)"
-          % (seconds, len(results), "?" if plan is None else plan, count["pass"], count["fail"], count["skip"]))
-    problems = tap_problems(plan, results)
+    print("%s: %.0f s; %d of %s checks, %d pass, %d fail, %d skip (hardware absent)"
+          % (what, seconds, len(results), "?" if plan is None else plan, count["pass"], count["fail"], count["skip"]))
+
+
+def boot_test(args):
+    """Boot the build under QEMU; 0 only when every check the verifier planned came and none is not ok
+    (and, over ssh, the login took the expected host key only and the guest powered off)."""
+    if bool(args.ssh_key) != bool(args.host_key):
+        print("vca-image: --ssh-key and --host-key go together (the login needs the key to expect)", file=sys.stderr)
+        return 2
+    if args.ssh_key and args.volatile:
+        print("vca-image: --ssh-key boots the disk: the volatile image carries no overlay with its host key",
+              file=sys.stderr)
+        return 2
+    if not args.ssh_key:
+        plan, results, seconds, _ = boot(args.out, image=args.image, timeout=args.timeout, memory_mib=args.memory,
+                                         volatile=args.volatile)
+        report_checks(plan, results, seconds, "boot to verifier done")
+        problems = tap_problems(plan, results)
+    else:
+        run = boot_ssh(args.out, args.ssh_key, args.host_key, user=args.user, image=args.image,
+                       timeout=args.timeout, memory_mib=args.memory)
+        plan, results, t = run["plan"], run["results"], run["timings"]
+        report_checks(plan, results, t.get("verifier", run["seconds"]), "boot to verifier over ssh done")
+        def at(key):
+            return "%.0f s" % t[key] if key in t else "-"
+        print("ssh on 127.0.0.1:%d: sshd answered after %s, login as %s after %s, boot finished (%s) after %s, "
+              "verifier done after %s, powered off after %s"
+              % (run["port"], at("ssh"), args.user, at("login"), run.get("system_state", "-"), at("system"),
+                 at("verifier"), at("poweroff")))
+        print("a login expecting another host key: %s" % {True: "refused", False: "NOT refused"}.get(
+            run.get("wrong_host_key_refused"), "not tried"))
+        problems = run["problems"] + (tap_problems(plan, results, "from ssh") if "login" in t else [])
     for p in problems:
         print("vca-image: boot test failed: %s" % p, file=sys.stderr)
     if problems:
@@ -100,6 +129,14 @@ def main(argv=None):
     bt.add_argument("--timeout", type=int, default=600)
     bt.add_argument("--volatile", action="store_true", help="boot the volatile (RAM) image instead of the disk")
     bt.add_argument("--memory", type=int, default=1536, help="MiB of guest memory (a volatile boot holds the root)")
+    bt.add_argument("--image", help="boot this disk (a node's copy, its overlay written) instead of the build's; "
+                                    "it is copied too, and stays as it was")
+    bt.add_argument("--ssh-key", help="log in over ssh with this private key and run the verifier there "
+                                      "(instead of reading it from the console)")
+    bt.add_argument("--host-key", help="with --ssh-key: the guest's expected ssh_host_ed25519_key.pub; "
+                                       "a login to any other host key fails the test")
+    bt.add_argument("--user", default="vcaadmin", help="with --ssh-key: who logs in (needs sudo without a "
+                                                       "password for the verifier; default vcaadmin)")
     r = sub.add_parser("recipe", help="print the digest of what a build of this profile is made from")
     r.add_argument("--profile", required=True)
     r.add_argument("--profiles-dir")
