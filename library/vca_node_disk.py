@@ -47,7 +47,30 @@ options:
     description: The build_id of O(image), recorded beside the disk.
     type: str
   files:
-    description: Absolute path -> text, written into the node's root file system (the per-node overlay).
+    description:
+      - >-
+        The per-node overlay: absolute path -> entry, written into the node's root
+        file system, replacing what is there. An entry is either the text of a file
+        (written root:root 0644), or a mapping of C(content) (text) or C(src) (an
+        absolute path on the machine that runs this module, the host: its bytes are
+        read there, so a private key never travels), C(mode) (an octal string,
+        quoted: V("0600"); default V("0644") for a file, V("0755") for a directory),
+        C(owner) and C(group) (a name, looked up in the disk's own C(/etc/passwd)
+        and C(/etc/group), not the host's, or a number; default 0), and C(state)
+        (V(file), the default, or V(directory), which takes no content or src).
+      - >-
+        Directories the writer must make on the way are root 0755; one that is
+        already there keeps its owner and mode unless an entry names it. Entries
+        are written parents first, and each is read back (content, mode, owner):
+        a difference fails, naming the path. An unknown key, both or neither of
+        content and src for a file, a bad mode or an unknown owner fails before
+        anything is written.
+      - >-
+        The digest recorded beside the disk covers what each src holds and every
+        mode and owner, so a changed key file or mode rewrites the disk.
+      - >-
+        Not logged (C(no_log)): entries can carry private keys. Messages still name
+        the paths, modes and owners; only contents are masked.
     type: dict
     default: {}
 author: vcafleet
@@ -60,6 +83,24 @@ EXAMPLES = r"""
     build_id: 3f2a9c1b7e6d5a40
     files:
       /etc/hostname: "vca-node0\n"
+
+- name: Node 0's disk, with its own SSH host key and the fleet's key for vcaadmin
+  vca_node_disk:
+    path: /var/lib/vcafleet/nodes/vca-node0.img
+    image: /var/lib/vcafleet/images/3f2a9c1b7e6d5a40/ubuntu-22.04.img
+    build_id: 3f2a9c1b7e6d5a40
+    files:
+      /etc/hostname: "vca-node0\n"
+      # read on the host; the private key is not a module argument
+      /etc/ssh/ssh_host_ed25519_key: {src: /var/lib/vcafleet/host-keys/vca-node0/ssh_host_ed25519_key, mode: "0600"}
+      /etc/ssh/ssh_host_ed25519_key.pub:
+        src: /var/lib/vcafleet/host-keys/vca-node0/ssh_host_ed25519_key.pub
+      /home/vcaadmin/.ssh: {state: directory, mode: "0700", owner: vcaadmin, group: vcaadmin}
+      /home/vcaadmin/.ssh/authorized_keys:
+        content: "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFleetKeyExampleOnly fleet@vca-host\n"
+        mode: "0600"
+        owner: vcaadmin
+        group: vcaadmin
 """
 RETURN = r"""
 build_id:
@@ -79,6 +120,23 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.vca_node_image import NodeDisk, NodeImageError
 
 
+def not_secret(files, names):
+    """The values of files that output need not mask: all but the contents. no_log masks every
+    value in files wherever it shows, and among them are the owner vcaadmin of /home/vcaadmin/.ssh
+    and the mode 0600, which would cut the paths out of every message. A content found in a path
+    or name that is printed anyway is no secret either."""
+    shown = list(files) + names
+    leaves, contents = set(), set()
+    for entry in files.values():
+        content = entry
+        if isinstance(entry, dict):
+            leaves |= {str(v) for v in entry.values() if v is not None and not isinstance(v, bool)}
+            content = entry.get("content")
+        if isinstance(content, str) and content and not any(content in s for s in shown):
+            contents.add(content)
+    return leaves - contents
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -86,16 +144,17 @@ def main():
             state=dict(type="str", default="present", choices=["present", "rolled_back"]),
             image=dict(type="path"),
             build_id=dict(type="str"),
-            files=dict(type="dict", default={}),
+            files=dict(type="dict", default={}, no_log=True),
         ),
         required_if=[("state", "present", ["image", "build_id"])],
         supports_check_mode=True,
     )
     p = module.params
+    files = {k: v if isinstance(v, dict) else str(v) for k, v in p["files"].items()}
+    module.no_log_values -= not_secret(files, [p["path"], p["image"] or ""])
     try:
         disk = NodeDisk(p["path"])
         if p["state"] == "present":
-            files = {k: str(v) for k, v in p["files"].items()}
             before = disk.record()
             changed = disk.ensure(p["image"], p["build_id"], files, check=module.check_mode)
             prev = (before if changed and before else disk.previous()) or {}

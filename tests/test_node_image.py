@@ -17,13 +17,24 @@ from pathlib import Path
 import jinja2
 import pytest
 import yaml
-from ansible.module_utils.vca_node_image import ImageStore, NodeDisk, NodeImageError, root_partition_offset
+from ansible.module_utils.vca_node_image import (
+    ImageStore,
+    NodeDisk,
+    NodeImageError,
+    overlay_digest,
+    overlay_entries,
+    root_partition_offset,
+    write_files,
+)
 
 from conftest import ROOT, load_library, run_module
 from vca_image import build as builder
 from vcasim.vcactl import Fleet, run
 
 TIMING = {"boot_s": 2.0, "net_s": 1.0, "reset_s": 1.0, "shutdown_s": 1.0}
+VCAADMIN = 1234          # uid and gid of vcaadmin in the test disk's /etc/passwd
+FLEET_GID = 2345
+FLEET_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFleetKeyOfTheRolloutTest fleet@vca-host"
 
 
 def make_build(tmp_path, name, marker, build_id=None):
@@ -36,6 +47,13 @@ def make_build(tmp_path, name, marker, build_id=None):
     (rootfs / "etc/vca-node.conf").write_text("IFACE=eth0\nMTU=65521\nMEM_FLOOR_MIB=256\n")
     (rootfs / "etc/hostname").write_text("vca-node\n")
     (rootfs / "usr/local/sbin/vca-node-verify").write_text("#!/usr/bin/python3\n# %s\n" % marker)
+    # the image's own accounts, on purpose not this machine's: the overlay's owner names resolve against them
+    (rootfs / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/bash\n"
+                                       "vcaadmin:x:%d:%d::/home/vcaadmin:/bin/bash\n" % (VCAADMIN, VCAADMIN))
+    (rootfs / "etc/group").write_text("root:x:0:\nsudo:x:27:vcaadmin\nvcaadmin:x:%d:\nfleet:x:%d:\n"
+                                      % (VCAADMIN, FLEET_GID))
+    (rootfs / "home/vcaadmin").mkdir(parents=True)
+    os.chown(rootfs / "home/vcaadmin", VCAADMIN, VCAADMIN)
     out = tmp_path / f"build-{marker}"
     out.mkdir()
     profile = {"name": name, "image": {"size_mib": 64, "fs_uuid": "2d1bd8b4-7c1e-4f5a-9a63-0c5f0e0a2b01",
@@ -50,6 +68,16 @@ def read_file(disk, path):
     target = f"{disk}?offset={root_partition_offset(str(disk))}"
     return subprocess.run(["debugfs", "-R", f"cat {path}", target], capture_output=True, text=True,
                           check=False).stdout
+
+
+def stat(disk, path):
+    """(type, mode, uid, gid) of path inside the disk's partition 2, as debugfs reports it."""
+    target = f"{disk}?offset={root_partition_offset(str(disk))}"
+    text = subprocess.run(["debugfs", "-R", f"stat {path}", target], capture_output=True, text=True,
+                          check=False).stdout
+    kind = re.search(r"Type:\s*(\S+)\s+Mode:\s*([0-7]+)", text)
+    owner = re.search(r"User:\s*(\d+)\s+Group:\s*(\d+)", text)
+    return (kind.group(1), kind.group(2), int(owner.group(1)), int(owner.group(2))) if kind and owner else None
 
 
 @pytest.fixture
@@ -142,6 +170,140 @@ def test_overlay_paths_are_checked(tmp_path, two_builds):
     assert not (tmp_path / "vca-node0.img").exists() and not (tmp_path / "vca-node0.img.new").exists()
 
 
+def ssh_overlay(tmp_path):
+    """The access part of a node's overlay: a host key read from files on this machine, and the
+    fleet's key for vcaadmin in its 0700 ~/.ssh; listed file before directory, on purpose."""
+    keys = tmp_path / "keys"
+    keys.mkdir(exist_ok=True)
+    (keys / "host").write_bytes(b"-----BEGIN OPENSSH PRIVATE KEY-----\nnot a real key\n")
+    (keys / "host.pub").write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHostKey root@vca-node0\n")
+    return {
+        "/home/vcaadmin/.ssh/authorized_keys": {"content": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFleet fleet\n",
+                                                "mode": "0600", "owner": "vcaadmin", "group": "vcaadmin"},
+        "/home/vcaadmin/.ssh": {"state": "directory", "mode": "0700", "owner": "vcaadmin", "group": "vcaadmin"},
+        "/etc/ssh/ssh_host_ed25519_key": {"src": str(keys / "host"), "mode": "0600"},
+        "/etc/ssh/ssh_host_ed25519_key.pub": {"src": str(keys / "host.pub")},
+        "/etc/hostname": "vca-node0\n",
+    }
+
+
+def test_entries_get_their_mode_and_owner_from_the_disks_own_accounts(tmp_path, two_builds):
+    (src1, r1), _ = two_builds
+    files = ssh_overlay(tmp_path) | {
+        "/srv/new/deep/tool": {"content": "#!/bin/sh\n", "mode": "0750", "owner": 0, "group": "fleet"},
+        "/var/lib/vca/spool": {"state": "directory", "owner": "4242", "group": 4343},
+    }
+    order = [path for path, _ in overlay_entries(files)]
+    assert order.index("/home/vcaadmin/.ssh") < order.index("/home/vcaadmin/.ssh/authorized_keys")
+    disk = NodeDisk(str(tmp_path / "vca-node0.img"))
+    assert disk.ensure(str(src1 / "tiny.img"), r1["build_id"], files) is True
+    assert stat(disk.path, "/home/vcaadmin/.ssh") == ("directory", "0700", VCAADMIN, VCAADMIN)
+    assert stat(disk.path, "/home/vcaadmin/.ssh/authorized_keys") == ("regular", "0600", VCAADMIN, VCAADMIN)
+    assert read_file(disk.path, "/home/vcaadmin/.ssh/authorized_keys").startswith("ssh-ed25519 AAAAC3")
+    assert stat(disk.path, "/etc/ssh/ssh_host_ed25519_key") == ("regular", "0600", 0, 0)
+    assert read_file(disk.path, "/etc/ssh/ssh_host_ed25519_key") == (tmp_path / "keys/host").read_text()
+    assert stat(disk.path, "/etc/ssh/ssh_host_ed25519_key.pub") == ("regular", "0644", 0, 0)
+    assert stat(disk.path, "/etc/hostname") == ("regular", "0644", 0, 0)        # the text form, as before
+    assert stat(disk.path, "/srv/new/deep/tool") == ("regular", "0750", 0, FLEET_GID)
+    assert stat(disk.path, "/var/lib/vca/spool") == ("directory", "0755", 4242, 4343)
+    # made on the way: root 0755; there already: left as it was
+    assert stat(disk.path, "/srv/new/deep") == ("directory", "0755", 0, 0)
+    assert stat(disk.path, "/home/vcaadmin") == ("directory", "0755", VCAADMIN, VCAADMIN)
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"content": "x", "mode": "0600", "onwer": "vcaadmin"}, r"/etc/x: unknown key\(s\) onwer"),
+    ({"content": "x", "src": "/etc/hostname"}, "/etc/x: a file needs exactly one of content and src "
+                                               r"\(content and src given\)"),
+    ({"mode": "0600"}, r"/etc/x: a file needs exactly one of content and src \(neither given\)"),
+    ({"content": "x", "mode": "600x"}, "/etc/x: mode '600x': an octal string"),
+    ({"content": "x", "mode": 384}, "/etc/x: mode 384: an octal string"),
+    ({"content": "x", "mode": "0800"}, "/etc/x: mode '0800'"),
+    ({"state": "directory", "content": "x"}, "/etc/x: a directory takes no content"),
+    ({"state": "link", "content": "x"}, "/etc/x: state 'link', not file or directory"),
+    ({"src": "keys/host"}, "/etc/x: src must be an absolute path"),
+    ({"src": "/nonexistent/host"}, "/etc/x: cannot read its src /nonexistent/host"),
+    ({"content": "x", "owner": "nosuchuser"}, "/etc/x: owner nosuchuser is not in /etc/passwd of .*"),
+    ({"content": "x", "group": "nosuchgroup"}, "/etc/x: group nosuchgroup is not in /etc/group of .*"),
+    ({"content": "x", "owner": True}, "/etc/x: owner True is neither a name nor a number"),
+    (["x"], "/etc/x: the text of a file or a mapping"),
+], ids=["unknown-key", "content-and-src", "neither", "bad-mode", "mode-as-number", "not-octal",
+        "directory-with-content", "bad-state", "relative-src", "missing-src", "unknown-owner", "unknown-group",
+        "bool-owner", "list"])
+def test_bad_entries_are_refused_naming_the_path_and_nothing_is_left(tmp_path, two_builds, entry, message):
+    (src1, r1), _ = two_builds
+    disk = NodeDisk(str(tmp_path / "vca-node0.img"))
+    with pytest.raises(NodeImageError, match=message):
+        disk.ensure(str(src1 / "tiny.img"), r1["build_id"], {"/etc/hostname": "n\n", "/etc/x": entry})
+    assert not (tmp_path / "vca-node0.img").exists() and not (tmp_path / "vca-node0.img.new").exists()
+
+
+def test_a_file_where_the_disk_has_a_directory_is_refused_before_anything_is_written(tmp_path, two_builds):
+    (src1, _), _ = two_builds
+    copy = tmp_path / "copy.img"
+    shutil.copyfile(src1 / "tiny.img", copy)
+    with pytest.raises(NodeImageError, match=r"overlay /home/vcaadmin: a directory on .*, the overlay would "
+                                             r"make it a file"):
+        write_files(str(copy), {"/home/vcaadmin": "x\n"})
+    assert stat(copy, "/home/vcaadmin") == ("directory", "0755", VCAADMIN, VCAADMIN)
+    with pytest.raises(NodeImageError, match=r"overlay /etc/hostname: a regular on .*, the overlay would make it "
+                                             r"a directory"):
+        write_files(str(copy), {"/etc/hostname": {"state": "directory"}})
+
+
+def test_what_reads_back_otherwise_fails_naming_the_path(tmp_path, two_builds):
+    """A debugfs that sets another mode and drops the gid lines of the script: the read-back must see it."""
+    (src1, _), _ = two_builds
+    copy = tmp_path / "copy.img"
+    shutil.copyfile(src1 / "tiny.img", copy)
+    lossy = tmp_path / "lossy-debugfs"
+    lossy.write_text('#!/bin/sh\nif [ "$1" = -w ]; then sed -i -e "s/ mode 0100[0-7]*$/ mode 0100644/" '
+                     '-e "/ gid /d" "$3"; fi\nexec debugfs "$@"\n')
+    lossy.chmod(0o755)
+    files = {"/etc/secret": {"content": "s\n", "mode": "0600", "group": "fleet"}}
+    with pytest.raises(NodeImageError, match=r"writing /etc/secret into partition 2 failed: regular 0644 0:0, "
+                                             r"want regular 0600 0:%d" % FLEET_GID):
+        write_files(str(copy), files, debugfs=str(lossy))
+    # one that empties every file it writes
+    lossy.write_text('#!/bin/sh\nif [ "$1" = -w ]; then grep "^write " "$3" | while read -r _ local _; do '
+                     ': > "$local"; done; fi\nexec debugfs "$@"\n')
+    with pytest.raises(NodeImageError, match="writing /etc/secret into partition 2 failed: its content reads back "
+                                             "otherwise"):
+        write_files(str(copy), files, debugfs=str(lossy))
+    write_files(str(copy), files)
+    assert stat(copy, "/etc/secret") == ("regular", "0600", 0, FLEET_GID)
+    assert read_file(copy, "/etc/secret") == "s\n"
+
+
+def test_the_digest_follows_what_src_holds_and_every_mode_and_owner(tmp_path, two_builds):
+    (src1, r1), _ = two_builds
+    files = ssh_overlay(tmp_path)
+    first = overlay_digest(files)
+    assert overlay_digest(ssh_overlay(tmp_path)) == first
+    variants = [
+        dict(files, **{"/home/vcaadmin/.ssh": dict(files["/home/vcaadmin/.ssh"], mode="0750")}),
+        dict(files, **{"/home/vcaadmin/.ssh": dict(files["/home/vcaadmin/.ssh"], owner="root")}),
+        dict(files, **{"/home/vcaadmin/.ssh": dict(files["/home/vcaadmin/.ssh"], group=0)}),
+        dict(files, **{"/etc/ssh/ssh_host_ed25519_key": {"src": files["/etc/ssh/ssh_host_ed25519_key"]["src"]}}),
+    ]
+    assert len({overlay_digest(v) for v in variants} | {first}) == len(variants) + 1
+    disk = NodeDisk(str(tmp_path / "vca-node0.img"))
+    assert disk.ensure(str(src1 / "tiny.img"), r1["build_id"], files) is True
+    assert disk.ensure(str(src1 / "tiny.img"), r1["build_id"], files) is False
+    # the node's key was replaced in the store: same src name, new bytes, so the disk is rewritten
+    (tmp_path / "keys/host").write_bytes(b"-----BEGIN OPENSSH PRIVATE KEY-----\nthe new key\n")
+    assert overlay_digest(files) != first
+    assert disk.ensure(str(src1 / "tiny.img"), r1["build_id"], files) is True
+    assert "the new key" in read_file(disk.path, "/etc/ssh/ssh_host_ed25519_key")
+
+
+def test_an_overlay_of_text_only_keeps_the_digest_it_had(tmp_path):
+    # disks written before entries had a dict form carry this digest: they are not rewritten for it
+    files = {"/etc/hostname": "vca-node4\n", "/etc/hosts": "127.0.0.1\tlocalhost\n"}
+    assert overlay_digest(files) == hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
+    assert overlay_digest(files) != overlay_digest(dict(files, **{"/etc/hostname": {"content": "vca-node4\n"}}))
+
+
 def test_modules_report_and_refuse_clearly(tmp_path, two_builds, capsys):
     (src1, r1), _ = two_builds
     store = str(tmp_path / "store")
@@ -161,12 +323,46 @@ def test_modules_report_and_refuse_clearly(tmp_path, two_builds, capsys):
     assert result["failed"] and "no previous disk" in result["msg"]
 
 
+def test_the_module_masks_contents_but_its_messages_name_paths_modes_and_owners(tmp_path, two_builds, capsys):
+    (src1, r1), _ = two_builds
+    secret = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAISecretish fleet\n"
+    files = ssh_overlay(tmp_path)
+    files["/home/vcaadmin/.ssh/authorized_keys"]["content"] = secret
+    files["/home/vcaadmin/.ssh/authorized_keys"]["group"] = "vcaadmins"        # no such group on the disk
+    args = {"path": str(tmp_path / "vca-node0.img"), "image": str(src1 / "tiny.img"), "build_id": r1["build_id"],
+            "files": files}
+    result = run_module("vca_node_disk", args, capsys)
+    assert result["failed"]
+    assert result["msg"].endswith("overlay /home/vcaadmin/.ssh/authorized_keys: group vcaadmins is not in "
+                                  "/etc/group of %s.new's root file system" % args["path"]), result["msg"]
+    assert secret.strip() not in json.dumps(result)
+    logged = result["invocation"]["module_args"]["files"]
+    assert logged["/home/vcaadmin/.ssh/authorized_keys"]["mode"] == "0600"
+    files["/home/vcaadmin/.ssh/authorized_keys"]["group"] = "vcaadmin"
+    files["/home/vcaadmin/.ssh/authorized_keys"]["mode"] = "0660x"
+    result = run_module("vca_node_disk", args, capsys)
+    assert "overlay /home/vcaadmin/.ssh/authorized_keys: mode '0660x'" in result["msg"], result["msg"]
+    files["/home/vcaadmin/.ssh/authorized_keys"]["mode"] = "0600"
+    result = run_module("vca_node_disk", args, capsys)
+    assert result["changed"] is True and secret.strip() not in json.dumps(result)
+    assert stat(args["path"], "/home/vcaadmin/.ssh/authorized_keys") == ("regular", "0600", VCAADMIN, VCAADMIN)
+    assert read_file(args["path"], "/home/vcaadmin/.ssh/authorized_keys") == secret
+
+
 def test_node_disk_docs_parse_and_say_the_caller_powers_the_node_off():
     module = load_library("vca_node_disk")
     doc = yaml.safe_load(module.DOCUMENTATION)
     assert yaml.safe_load(module.EXAMPLES) and yaml.safe_load(module.RETURN)
     text = " ".join(doc["description"])
     assert "does not power the node off" in text and "The caller must have the node off" in text
+    files = " ".join(doc["options"]["files"]["description"])
+    assert all(word in files for word in ("C(content)", "C(src)", "C(mode)", "C(owner)", "C(group)", "C(state)"))
+    # the example's entries are ones the writer takes: a host key from src 0600, ~/.ssh 0700, authorized_keys 0600
+    example = yaml.safe_load(module.EXAMPLES)[1]["vca_node_disk"]["files"]
+    entries = dict(overlay_entries(example))
+    assert entries["/etc/ssh/ssh_host_ed25519_key"]["mode"] == 0o600 and entries["/etc/ssh/ssh_host_ed25519_key"]["src"]
+    assert (entries["/home/vcaadmin/.ssh"]["state"], entries["/home/vcaadmin/.ssh"]["mode"]) == ("directory", 0o700)
+    assert entries["/home/vcaadmin/.ssh/authorized_keys"]["owner"] == "vcaadmin"
 
 
 def test_lab_boot_reads_the_opened_disk(tmp_path, two_builds, monkeypatch):
@@ -236,6 +432,11 @@ class Rollout:
         script.chmod(0o755)
         (self.dir / "calls.log").write_text("")
         self.disk = NodeDisk(str(self.dir / "nodes" / "vca-node0.img"))
+        # the node's host key in the host's store, made before any rollout (the role makes one where none is)
+        self.host_keys = self.dir / "host-keys"
+        (self.host_keys / "vca-node0").mkdir(parents=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f",
+                        str(self.host_keys / "vca-node0/ssh_host_ed25519_key")], check=True)
 
     def already_runs(self, image, build_id):
         """The node as an earlier rollout left it: its disk holds build_id and it runs it."""
@@ -243,14 +444,17 @@ class Rollout:
         (self.dir / "power-vca-node0").write_text("on\n")
         (self.dir / "release-vca-node0.json").write_text(json.dumps({"build_id": build_id}))
 
-    @staticmethod
-    def overlay():
+    def overlay(self):
         """The files the role's overlay template renders for vca-node0 (so that ensure() matches it)."""
-        env = jinja2.Environment(keep_trailing_newline=True)
+        env = jinja2.Environment(keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
+        env.filters["to_json"] = json.dumps
         text = (ROOT / "roles/node_image/templates/node-overlay.yml.j2").read_text()
         return yaml.safe_load(env.from_string(text).render(
             node_image_hostname="vca-node0", node_image_address="172.31.1.1", node_image_host_address="172.31.1.254",
-            node_image_interface="eth0", node_image_prefix=24, node_image_mtu=65521))
+            node_image_interface="eth0", node_image_prefix=24, node_image_mtu=65521, inventory_hostname="vca-node0",
+            node_image_host_key_store=str(self.host_keys), node_image_authorized_keys=[FLEET_KEY],
+            node_image_host_key=str(self.host_keys / "vca-node0/ssh_host_ed25519_key"),
+            node_image_admin_user="vcaadmin", node_image_root_login="keys"))
 
     def calls(self):
         return (self.dir / "calls.log").read_text().splitlines()
@@ -276,6 +480,9 @@ class Rollout:
             "node_image_verify_command": "cp %s %s" % (self.dir / "verify.json", self.dir / "result.json"),
             "node_image_verify_result": str(self.dir / "result.json"),
             "node_image_connect_timeout_s": 10,
+            "node_image_host_key_store": str(self.host_keys),
+            "node_image_authorized_keys": [FLEET_KEY],
+            "node_image_known_hosts_file": str(self.dir / "known_hosts"),
             "node_image_expect_hardware": False,        # as in the lab; the tests for hardware set it
         } | extra
         env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_ROLES_PATH=str(ROOT / "roles"),

@@ -8,7 +8,8 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 mirror=${VCA_LAB_MIRROR:-http://deb.debian.org/debian}
-hash=$(cat "$here/packages.txt" "$here/build.sh" | sha256sum | cut -c1-12)
+hash=$( (cat "$here/packages.txt" "$here/build.sh"; cd "$here" && find files -type f | LC_ALL=C sort | xargs sha256sum) \
+    | sha256sum | cut -c1-12)
 tag="vcafleet-lab:$hash"
 
 if docker image inspect "$tag" >/dev/null 2>&1; then
@@ -25,6 +26,10 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mmdebstrap --variant=apt --format=tar --include="$packages" \
     --customize-hook='rm -f "$1"/etc/machine-id; touch "$1"/etc/machine-id' \
+    --customize-hook='rm -f "$1"/etc/ssh/ssh_host_*' \
+    --customize-hook="copy-in $here/files/etc/systemd/system/ssh-hostkeys.service /etc/systemd/system" \
+    --customize-hook="copy-in $here/files/etc/ssh/sshd_config.d/00-lab-hostkey.conf /etc/ssh/sshd_config.d" \
+    --customize-hook='ln -s ../ssh-hostkeys.service "$1"/etc/systemd/system/multi-user.target.wants/' \
     --skip=cleanup/apt/lists \
     bookworm "$work/rootfs.tar" "$mirror" >&2
 docker import \

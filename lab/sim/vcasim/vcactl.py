@@ -31,9 +31,14 @@ from .vca_node_image import NodeImageError, root_partition_offset  # the host-si
 CONFIG = Path(os.environ.get("VCASIM_VCACTL_CONFIG", "/etc/vcasim/vcactl.yml"))
 STATE = Path(os.environ.get("VCASIM_VCACTL_STATE", "/var/lib/vcasim/vcactl.json"))
 BOOT_DIR = Path(os.environ.get("VCASIM_BOOT_DIR", "/var/lib/vcasim/boot"))
-# What a booted node's files say about it, as the lab node sees them.
-BOOTED_FILES = ("/etc/vca-image.json", "/etc/vca-node.conf", "/etc/vca-node.local.conf", "/etc/hostname",
+# What a booted node's files say about it, as the lab node sees them. vca-image.json goes
+# last: the node's vcasim-reimage takes a new one as the sign that the rest is there.
+BOOTED_FILES = ("/etc/vca-node.conf", "/etc/vca-node.local.conf", "/etc/hostname",
                 "/usr/local/sbin/vca-node-verify")
+# The way in that the disk's overlay gave the node: its host key and root-login policy, and
+# each fleet user's authorized_keys (FLEET_USERS in vca-node.local.conf) as authorized_keys.<user>.
+ACCESS_FILES = {"/etc/ssh/ssh_host_ed25519_key": 0o600, "/etc/ssh/ssh_host_ed25519_key.pub": 0o644,
+                "/etc/ssh/sshd_config.d/00-root-login.conf": 0o644}
 
 OS_UP = ("os_ready", "net_device_ready")
 BOOTABLE = ("bios_up", "bios_ready")
@@ -166,6 +171,30 @@ class Fleet:
             raise VcactlError(f"ERROR: Card: {node['card']} Cpu: {node['cpu']} - link down")
 
 
+def _dump(target: str, path: str, dest: Path, mode: int) -> bool:
+    """debugfs's copy of path in the disk's root file system as dest (mode), replacing it; False when absent."""
+    with tempfile.NamedTemporaryFile(dir=dest.parent, delete=False) as tmp:
+        pass
+    done = subprocess.run(["debugfs", "-R", f"dump {path} {tmp.name}", target],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0 or os.path.getsize(tmp.name) == 0:
+        os.unlink(tmp.name)
+        return False
+    os.chmod(tmp.name, mode)
+    os.replace(tmp.name, dest)
+    return True
+
+
+def fleet_users(local_conf: Path) -> list[str]:
+    """FLEET_USERS from the overlay's vca-node.local.conf: the users the disk admits over SSH."""
+    if not local_conf.exists():
+        return []
+    for line in local_conf.read_text().splitlines():
+        if line.startswith("FLEET_USERS="):
+            return [u for u in line.split("=", 1)[1].split() if u.replace("-", "").replace("_", "").isalnum()]
+    return []
+
+
 def boot_from_disk(disk: str, out: Path) -> bool:
     """Read what a booting node would from its disk; False when it is not a bootable VCA image."""
     out.mkdir(parents=True, exist_ok=True)
@@ -176,16 +205,13 @@ def boot_from_disk(disk: str, out: Path) -> bool:
     except (OSError, NodeImageError):
         return False
     for path in BOOTED_FILES:
-        with tempfile.NamedTemporaryFile(dir=out, delete=False) as tmp:
-            pass
-        done = subprocess.run(["debugfs", "-R", f"dump {path} {tmp.name}", target],
-                              capture_output=True, text=True, check=False)
-        if done.returncode != 0 or os.path.getsize(tmp.name) == 0:
-            os.unlink(tmp.name)
-            continue
-        os.chmod(tmp.name, 0o755 if "/sbin/" in path else 0o644)
-        os.replace(tmp.name, out / os.path.basename(path))
-    return (out / "vca-image.json").exists()
+        _dump(target, path, out / os.path.basename(path), 0o755 if "/sbin/" in path else 0o644)
+    for path, mode in ACCESS_FILES.items():
+        _dump(target, path, out / os.path.basename(path), mode)
+    for user in fleet_users(out / "vca-node.local.conf"):
+        home = "/root" if user == "root" else f"/home/{user}"
+        _dump(target, f"{home}/.ssh/authorized_keys", out / f"authorized_keys.{user}", 0o600)
+    return _dump(target, "/etc/vca-image.json", out / "vca-image.json", 0o644)
 
 
 def line(node: dict, state: str) -> str:

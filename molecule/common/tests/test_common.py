@@ -43,8 +43,8 @@ def test_password_login_is_refused(address):
 
 
 def test_admin_user_with_key_and_sudo(host):
-    assert host.user("vcafleet").exists
-    assert host.file("/home/vcafleet/.ssh/authorized_keys").contains("ssh-ed25519")
+    assert host.user("vcaadmin").exists
+    assert host.file("/home/vcaadmin/.ssh/authorized_keys").contains("ssh-ed25519")
     assert host.check_output("visudo -cf /etc/sudoers.d/60-vcafleet-admin").endswith("parsed OK")
 
 

@@ -20,6 +20,6 @@ def test_sshd_password_setting_untouched(host):
 
 
 def test_admin_user_on_the_host_too(host):
-    assert host.user("vcafleet").exists
-    assert host.file("/home/vcafleet/.ssh/authorized_keys").contains("ssh-ed25519")
+    assert host.user("vcaadmin").exists
+    assert host.file("/home/vcaadmin/.ssh/authorized_keys").contains("ssh-ed25519")
     assert host.check_output("visudo -cf /etc/sudoers.d/60-vcafleet-admin").endswith("parsed OK")

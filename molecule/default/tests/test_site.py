@@ -61,6 +61,32 @@ def test_live_node_simulator_runs_and_its_counters_move(node):
     assert 30.0 < temp < 96.0
 
 
+LAB_SSH = Path("/var/lib/vcafleet-lab") / LAB / "ssh"
+
+
+def adhoc(pattern: str, module: str, args: dict) -> dict:
+    """An ad-hoc ansible run on the scenario's inventory: {host: result}, from the JSON callback."""
+    env = (f"VCA_LAB_NAME={LAB} ANSIBLE_CONFIG={PROJECT}/ansible.cfg ANSIBLE_LOAD_CALLBACK_PLUGINS=1 "
+           "ANSIBLE_STDOUT_CALLBACK=ansible.posix.json ANSIBLE_DEPRECATION_WARNINGS=0")
+    out = LOCAL.run(f"cd {PROJECT} && {env} ansible -i {INVENTORY} {shlex.quote(pattern)} -m {module} "
+                    f"-a {shlex.quote(json.dumps(args))}").stdout
+    return json.loads(out)["plays"][0]["tasks"][0]["hosts"]
+
+
+def test_ansible_reaches_every_live_machine_over_ssh_with_host_key_checking():
+    config = (LAB_SSH / "config").read_text()
+    assert "StrictHostKeyChecking yes" in config and f"UserKnownHostsFile {LAB_SSH}/known_hosts" in config
+    answers = {name: r.get("stdout") for name, r in adhoc("lab:!dead", "command", {"cmd": "hostname"}).items()}
+    assert answers == {"vca-host": "vca-host", "vca-node0": "vca-node0", "vca-node4": "vca-node4"}, answers
+    # ... over SSH: the nodes through the lab host, each login checked against the lab's known_hosts
+    how = adhoc("vca-node0", "debug", {"msg": "{{ ansible_connection }} {{ ansible_ssh_common_args }}"})
+    assert how["vca-node0"]["msg"].startswith("ssh -F ") and f"ProxyJump=root@{LAB}-host" in how["vca-node0"]["msg"]
+    known = (LAB_SSH / "known_hosts").read_text()
+    for name in ("host", "node0", "node4"):
+        key = machine(name).file("/etc/ssh/ssh_host_ed25519_key.pub").content_string.split()[:2]
+        assert f"{LAB}-{name} {' '.join(key)}" in known
+
+
 def test_second_check_run_reports_no_changes():
     env = f"VCA_LAB_NAME={LAB} ANSIBLE_CONFIG={PROJECT}/ansible.cfg ANSIBLE_NOCOLOR=1 ANSIBLE_FORCE_COLOR=0"
     site = f"ansible-playbook -i {INVENTORY} site.yml --check --skip-tags image"   # the image has its own scenario

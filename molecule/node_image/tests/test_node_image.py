@@ -87,6 +87,54 @@ def test_per_node_overlay_is_inside_each_disk(host):
     assert local.stdout == "" and "File not found by ext2_lookup" in local.stderr, local.stdout
 
 
+KEYS = "/var/lib/vcafleet/host-keys"
+LAB_SSH = Path("/var/lib/vcafleet-lab") / LAB / "ssh"
+
+
+def lab_ssh(name, command, known_hosts=None):
+    """ssh to a lab node as Ansible does: the lab's -F config (strict host key checking), through the host."""
+    argv = ["ssh", "-F", str(LAB_SSH / "config"), "-o", f"ProxyJump=root@{LAB}-host"]
+    if known_hosts:
+        argv += ["-o", f"UserKnownHostsFile={known_hosts}"]
+    return subprocess.run([*argv, f"root@{LAB}-{name}", command], capture_output=True, text=True, timeout=60,
+                          check=False)
+
+
+def disk_stat(host, image, path):
+    """(mode, uid, gid) of a file inside a disk image's partition 2."""
+    out = host.check_output(f"debugfs -R 'stat {path}' '{root_fs(host, image)}' 2>/dev/null")
+    mode = int(out.split("Mode:", 1)[1].split()[0], 8)
+    fields = out.split("User:", 1)[1].split()
+    return mode, int(fields[0]), int(fields[2])
+
+
+def test_reimaged_nodes_are_reached_over_ssh_with_their_stored_host_key(host, tmp_path):
+    known = (LAB_SSH / "known_hosts").read_text()
+    for name in ("node0", "node1"):
+        store = f"{KEYS}/vca-{name}/ssh_host_ed25519_key"
+        assert oct(host.file(store).mode) == "0o600" and oct(host.file(f"{KEYS}/vca-{name}").mode) == "0o700"
+        stored = host.file(store + ".pub").content_string.split()[:2]
+        # the container took the disk's host key, and the controller's known_hosts has that one
+        assert node(name).file("/etc/ssh/ssh_host_ed25519_key.pub").content_string.split()[:2] == stored
+        assert f"{LAB}-{name} {' '.join(stored)}" in known
+        done = lab_ssh(name, "cat /etc/hostname")
+        assert done.returncode == 0 and done.stdout.strip() == f"vca-{name}", done.stderr
+        # the disk admits the fleet as the admin user, with the modes and owner sshd's StrictModes wants
+        disk = f"{DISKS}/vca-{name}.img"
+        uid = int(disk_file(host, disk, "/etc/passwd").split("vcaadmin:x:", 1)[1].split(":")[0])
+        assert disk_stat(host, disk, "/home/vcaadmin/.ssh") == (0o700, uid, uid)
+        assert disk_stat(host, disk, "/home/vcaadmin/.ssh/authorized_keys") == (0o600, uid, uid)
+        assert disk_file(host, disk, "/home/vcaadmin/.ssh/authorized_keys") == \
+            (LAB_SSH / "id_ed25519.pub").read_text().strip()
+    # the check is real: with node 0 listed under another key, the login is refused
+    wrong = tmp_path / "known_hosts"
+    other = host.file(f"{KEYS}/vca-node1/ssh_host_ed25519_key.pub").content_string.split()[:2]
+    wrong.write_text("".join(line + "\n" for line in known.splitlines() if not line.startswith(f"{LAB}-node0 "))
+                     + f"{LAB}-node0 {' '.join(other)}\n")
+    refused = lab_ssh("node0", "true", known_hosts=wrong)
+    assert refused.returncode != 0 and "host key" in refused.stderr.lower(), refused.stderr
+
+
 def test_broken_build_is_rolled_back(host):
     good = link(host, "good")
     node1_since = sim_state(host)["0:1"]["since"]
