@@ -563,6 +563,7 @@ def test_ignored_checks_and_a_first_image_that_fails(tmp_path, two_builds):
     assert rc != 0, out[-3000:]
     assert "node_image_verify_ignore names no check of this verifier: no such check" in out, out[-3000:]
     assert "Not rolled back: no previous disk on this node" in out, out[-3000:]
+    assert "the node is left running it" in out, out[-3000:]     # it booted; the verifier failed it
     assert rollout.calls()[2:] == [f"shutdown vca-node0 disk={one}", f"boot vca-node0 disk={one}"]
 
 
