@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # The node image's CI check (issue: image builder): build the debian-12 profile
-# twice, require bit-identical images, verify the layout (ESP with GRUB, ext4 root),
-# then boot a node's copy of the disk under QEMU with OVMF firmware from its own
-# bootloader, as a card boots it. The copy carries a node's overlay: a throwaway
-# host key and fleet key, written by the production writer (module_utils/
-# vca_node_image.py, through scripts/node-disk-overlay.py). The boot test logs in
-# over ssh with the fleet key, accepting that host key only, runs the verifier
-# with sudo and requires every non-hardware check to pass. The built disk must be
-# unchanged afterwards. Timings are printed for the record; downloads are cached.
+# twice, require bit-identical artefacts (the blockio disk and the volatile
+# image), verify their layout (the disk: ESP with GRUB, ext4 root; the volatile
+# image: a bare FAT32 volume with GRUB, the kernel and the whole root), then boot
+# both under QEMU with OVMF firmware from their own bootloader, as a card boots
+# them. The disk's copy carries a node's overlay: a throwaway host key and fleet
+# key, written by the production writer (module_utils/vca_node_image.py, through
+# scripts/node-disk-overlay.py). The volatile image's copy carries the same node's
+# files as a newc cpio on the volume (vca-image overlay-cpio), root-owned: that
+# boot logs in as root. Each boot logs in over ssh with the fleet key, accepting
+# that host key only, runs the verifier and requires every non-hardware check to
+# pass. The built artefacts must be unchanged afterwards. Timings are printed for
+# the record; downloads are cached.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/image_builder/src
@@ -22,14 +26,16 @@ for run in a b; do
         || { tail -30 "$OUT/build-$run.log"; exit 1; }
     echo "image build $run: $((SECONDS - start)) s"
 done
-a=$(awk '/^sha256/ {print $2}' "$OUT/a/debian-12.manifest")
-b=$(awk '/^sha256/ {print $2}' "$OUT/b/debian-12.manifest")
-echo "sha256 a: $a"
-echo "sha256 b: $b"
-[ "$a" = "$b" ] || { echo "the two builds differ" >&2; exit 1; }
-cmp "$OUT/a/debian-12.img" "$OUT/b/debian-12.img"
-echo "image size: $(stat -c %s "$OUT/a/debian-12.img") bytes ($(du -k "$OUT/a/debian-12.img" | cut -f1) KiB on disk)"
-"$PY" -m vca_image verify "$OUT/a/debian-12.img"
+for artefact in debian-12.img debian-12.volatile.img; do
+    a=$(awk -v f="$artefact" '$1 == "sha256" && $3 == f {print $2}' "$OUT/a/debian-12.manifest")
+    b=$(awk -v f="$artefact" '$1 == "sha256" && $3 == f {print $2}' "$OUT/b/debian-12.manifest")
+    echo "sha256 a: $a  $artefact"
+    echo "sha256 b: $b  $artefact"
+    [ -n "$a" ] && [ "$a" = "$b" ] || { echo "the two builds differ: $artefact" >&2; exit 1; }
+    cmp "$OUT/a/$artefact" "$OUT/b/$artefact"
+    echo "$artefact: $(stat -c %s "$OUT/a/$artefact") bytes ($(du -k "$OUT/a/$artefact" | cut -f1) KiB on disk)"
+done
+"$PY" -m vca_image verify "$OUT/a/debian-12.img"      # and the volatile image its record names
 rm -rf "$OUT/b"
 start=$SECONDS
 KEYS=$OUT/keys
@@ -56,3 +62,30 @@ start=$SECONDS
 echo "boot test (copy, OVMF, GRUB, kernel, ssh login, verifier, poweroff): $((SECONDS - start)) s"
 rm -f "$OUT/node.img"
 "$PY" -m vca_image verify "$OUT/a/debian-12.img"     # the boot test left the built disk as it was
+# The volatile image as a rollout would boot it: the node's files as a newc cpio (root-owned, by
+# number: there is no disk to look names up in) put on a copy of the volume, where grub.cfg finds it.
+start=$SECONDS
+cat > "$OUT/volatile-overlay.json" <<EOF
+{
+ "/etc/vca-node.local.conf": "FLEET_USERS=root\n",
+ "/etc/ssh/ssh_host_ed25519_key": {"src": "$PWD/$KEYS/ssh_host_ed25519_key", "mode": "0600"},
+ "/etc/ssh/ssh_host_ed25519_key.pub": {"src": "$PWD/$KEYS/ssh_host_ed25519_key.pub", "mode": "0644"},
+ "/root/.ssh": {"state": "directory", "mode": "0700"},
+ "/root/.ssh/authorized_keys": {"src": "$PWD/$KEYS/fleet.pub", "mode": "0600"}
+}
+EOF
+"$PY" -m vca_image overlay-cpio "$OUT/volatile-overlay.json" "$OUT/node-overlay.cpio"
+cp --sparse=always "$OUT/a/debian-12.volatile.img" "$OUT/node.volatile.img"
+MTOOLSRC=/dev/null MTOOLS_SKIP_CHECK=1 mcopy -i "$OUT/node.volatile.img" "$OUT/node-overlay.cpio" ::/vca-overlay.cpio
+echo "volatile node copy with its overlay: $((SECONDS - start)) s"
+start=$SECONDS
+"$PY" -m vca_image boot-test "$OUT/a" --volatile --image "$OUT/node.volatile.img" --ssh-key "$KEYS/fleet" \
+    --host-key "$KEYS/ssh_host_ed25519_key.pub" --user root --timeout 540
+echo "boot test (volatile copy, OVMF, GRUB from the FAT volume, kernel, root in tmpfs with the overlay," \
+     "ssh login as root, verifier, poweroff): $((SECONDS - start)) s"
+rm -f "$OUT/node.volatile.img"
+want=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["volatile_sha256"])' "$OUT/a/debian-12.json")
+have=$(sha256sum "$OUT/a/debian-12.volatile.img" | cut -d" " -f1)
+[ "$have" = "$want" ] || { echo "the volatile image changed: sha256 $have, the build recorded $want" >&2; exit 1; }
+echo "volatile image unchanged: sha256 $have"
+"$PY" -m vca_image verify "$OUT/a/debian-12.img"     # both artefacts as they were built

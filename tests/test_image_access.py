@@ -169,7 +169,12 @@ class FakeGuest:
         self.verifier, self.strict, self.powers_off = verifier, strict, powers_off
         self.sudo_rc, self.sudo_err = sudo_rc, sudo_err
         self.ssh_calls, self.commands, self.qemu, self.off, self.env = [], [], None, False, None
+        self.user, self.overlay = None, None
         self.real, self.real_popen = subprocess.run, subprocess.Popen
+
+    def privileged(self, command):
+        """root needs no sudo (and a node whose only fleet user is root may have none to use)."""
+        return command if self.user == "root" else "sudo -n " + command
 
     def popen(self, cmd, **kw):
         if not cmd[0].endswith("qemu-system-x86_64"):      # subprocess.run's own Popen
@@ -177,9 +182,13 @@ class FakeGuest:
         self.qemu = cmd
         disk = next(a for a in cmd if a.startswith("if=none,id=disk0,")).split("file=", 1)[1]
         self.disk = disk
-        self.env = self.real(["mtype", "-i", "%s@@%d" % (disk, boottest.esp_offset(disk)), "::/" + build.CMDLINE_ENV],
-                             capture_output=True, check=True,
-                             env=dict(os.environ, MTOOLS_SKIP_CHECK="1", MTOOLSRC=os.devnull)).stdout
+        fat = "%s@@%d" % (disk, boottest.esp_offset(disk))
+        mtools = dict(os.environ, MTOOLS_SKIP_CHECK="1", MTOOLSRC=os.devnull)
+        self.env = self.real(["mtype", "-i", fat, "::/" + build.CMDLINE_ENV], capture_output=True, check=True,
+                             env=mtools).stdout
+        overlay = self.real(["mtype", "-i", fat, "::/" + build.VOLATILE_OVERLAY], capture_output=True, env=mtools,
+                            check=False)
+        self.overlay = overlay.stdout if overlay.returncode == 0 else None
         return self
 
     def poll(self):
@@ -199,6 +208,7 @@ class FakeGuest:
         if cmd[0] != "ssh":
             return self.real(cmd, **kw)
         self.ssh_calls.append(cmd)
+        self.user = cmd[-2].split("@")[0]
         port = int(cmd[cmd.index("-p") + 1])
         forwarded = re.search(r"hostfwd=tcp:127\.0\.0\.1:(\d+)-:22", " ".join(self.qemu)).group(1)
         known = next(o.split("=", 1)[1] for o in cmd if o.startswith("UserKnownHostsFile="))
@@ -210,10 +220,10 @@ class FakeGuest:
                                                              "failed.\n" % port)
         command = cmd[-1]
         self.commands.append(command)
-        if command == "sudo -n systemctl poweroff":
+        if command == self.privileged("systemctl poweroff"):
             self.off = self.powers_off
             return subprocess.CompletedProcess(cmd, 255, "", "Connection closed by remote host\n")
-        if command == "sudo -n " + boottest.VERIFY:
+        if command == self.privileged(boottest.VERIFY):
             return subprocess.CompletedProcess(cmd, self.sudo_rc, self.verifier if not self.sudo_rc else "",
                                                self.sudo_err)
         if command == "systemctl is-system-running --wait":
@@ -311,8 +321,67 @@ def test_what_fails_the_ssh_boot_test(node, monkeypatch, capsys, guest_args, mes
 
 @pytest.mark.parametrize("argv, message", [
     (["--ssh-key", "k"], "--ssh-key and --host-key go together"),
-    (["--ssh-key", "k", "--host-key", "h.pub", "--volatile"], "the volatile image carries no overlay"),
+    (["--ssh-key", "k", "--host-key", "h.pub", "--volatile"],
+     "--ssh-key with --volatile needs the node's overlay (its host key, the fleet's key): --overlay"),
+    (["--overlay", "o.cpio"], "--overlay is for --volatile"),
+    (["--volatile", "--overlay", "/nonexistent/o.cpio"], "--overlay /nonexistent/o.cpio: no such file"),
 ])
 def test_ssh_options_that_cannot_work_are_refused(tmp_path, capsys, argv, message):
     assert cli.main(["boot-test", str(tmp_path), *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.fixture
+def volatile_node(node, tmp_path):
+    """node's build with a (tiny) volatile image beside the disk, and a root-owned overlay for it."""
+    out = node["out"]
+    rootfs = tmp_path / "vroot"
+    (rootfs / "boot").mkdir(parents=True)
+    (rootfs / "boot/vmlinuz-6.1.0-41-amd64").write_text("kernel\n")
+    image, _, _ = build.make_volatile({"name": "tiny", "image": {"fs_uuid": "5b0f2a9e-3c41-4d8e-9f17-2a6c8e4d1b73",
+                                                                 "source_date_epoch": 1767225600}}, rootfs, out)
+    record = json.loads((out / "tiny.json").read_text())
+    record.update(volatile=image.name, volatile_sha256=build.sha256(image), volatile_root_mib=1352)
+    (out / "tiny.json").write_text(json.dumps(record))
+    spec = tmp_path / "overlay.json"
+    spec.write_text(json.dumps({"/etc/vca-node.local.conf": "FLEET_USERS=root\n",
+                                "/root/.ssh": {"state": "directory", "mode": "0700"},
+                                "/root/.ssh/authorized_keys": {"src": str(node["fleet"]) + ".pub", "mode": "0600"}}))
+    assert cli.main(["overlay-cpio", str(spec), str(tmp_path / "overlay.cpio")]) == 0
+    return dict(node, volatile=image, record=record, overlay=tmp_path / "overlay.cpio")
+
+
+def test_the_volatile_ssh_boot_logs_in_as_root_with_the_overlay_and_needs_no_sudo(volatile_node, monkeypatch,
+                                                                                  capsys):
+    node = volatile_node
+    guest = FakeGuest(node["host"])
+    monkeypatch.setattr(boottest.subprocess, "Popen", guest.popen)
+    monkeypatch.setattr(boottest.subprocess, "run", guest.run)
+    assert cli.main(["boot-test", str(node["out"]), "--volatile", "--overlay", str(node["overlay"]), "--ssh-key",
+                     str(node["fleet"]), "--host-key", str(node["host"]), "--user", "root", "--timeout", "5"]) == 0
+    printed = capsys.readouterr().out
+    assert "booting the volatile image under OVMF with" in printed and "login as root after" in printed
+    assert "a login expecting another host key: refused" in printed
+    assert not {"-kernel", "-initrd", "-append"} & set(guest.qemu)
+    assert guest.disk.endswith("/boot-test/tiny.volatile.img") and guest.overlay == node["overlay"].read_bytes()
+    assert guest.commands == ["true", "systemctl is-system-running --wait", boottest.VERIFY, "systemctl poweroff"]
+    assert all(cmd[-2] == "root@127.0.0.1" for cmd in guest.ssh_calls)
+    assert build.sha256(node["volatile"]) == node["record"]["volatile_sha256"]
+
+
+def test_a_volatile_node_copy_that_carries_its_overlay_boots_without_one_given(volatile_node, monkeypatch, tmp_path,
+                                                                               capsys):
+    node = volatile_node
+    copy = tmp_path / "node.volatile.img"
+    shutil.copyfile(node["volatile"], copy)
+    assert cli.main(["boot-test", str(node["out"]), "--volatile", "--image", str(copy), "--ssh-key",
+                     str(node["fleet"]), "--host-key", str(node["host"]), "--user", "root", "--timeout", "5"]) == 2
+    assert "needs the node's overlay" in capsys.readouterr().err
+    subprocess.run(["mcopy", "-i", str(copy), str(node["overlay"]), "::/" + build.VOLATILE_OVERLAY], check=True,
+                   env=dict(os.environ, MTOOLS_SKIP_CHECK="1", MTOOLSRC=os.devnull))
+    guest = FakeGuest(node["host"])
+    monkeypatch.setattr(boottest.subprocess, "Popen", guest.popen)
+    monkeypatch.setattr(boottest.subprocess, "run", guest.run)
+    assert cli.main(["boot-test", str(node["out"]), "--volatile", "--image", str(copy), "--ssh-key",
+                     str(node["fleet"]), "--host-key", str(node["host"]), "--user", "root", "--timeout", "5"]) == 0
+    assert guest.overlay == node["overlay"].read_bytes() and guest.disk != str(copy)

@@ -166,15 +166,72 @@ def test_boot_test_fails_a_cut_run(built, monkeypatch, capsys):
     assert "8 of 27 checks" in captured.out and "boot test failed: 27 checks planned, 8 came" in captured.err
 
 
-def test_the_volatile_image_still_boots_with_kernel_and_initrd(tmp_path, monkeypatch):
-    (tmp_path / "lab-tiny.json").write_text(json.dumps({"image": "lab-tiny.img", "volatile": "v.cpio.gz"}))
+@pytest.fixture
+def volatile_build(built, tmp_path):
+    """The build directory with a real (tiny) volatile image beside the disk, recorded."""
+    out, record = built
+    rootfs = tmp_path / "vroot"
+    (rootfs / "boot").mkdir(parents=True)
+    (rootfs / "boot/vmlinuz-6.1.0-41-amd64").write_text("kernel\n")
+    (rootfs / "etc").mkdir()
+    image, _, _ = build.make_volatile(PROFILE, rootfs, out)
+    record = dict(record, volatile=image.name, volatile_sha256=build.sha256(image), volatile_root_mib=1352)
+    (out / "lab-tiny.json").write_text(json.dumps(record))
+    return out, record
+
+
+def fat_file(image, name):
+    return subprocess.run(["mtype", "-i", "%s@@%d" % (image, boottest.esp_offset(image)), "::/" + name],
+                          capture_output=True, check=True, env=dict(os.environ, MTOOLS_SKIP_CHECK="1",
+                                                                     MTOOLSRC=os.devnull)).stdout
+
+
+def test_the_volatile_image_boots_under_ovmf_from_a_copy_with_its_overlay(volatile_build, monkeypatch, capsys,
+                                                                            tmp_path):
+    out, record = volatile_build
+    overlay = tmp_path / "node.cpio"
+    overlay.write_bytes(b"070701 stands in for the node's overlay")
     seen = {}
-    monkeypatch.setattr(boottest.shutil, "which", lambda name: "/usr/bin/" + name)
-    monkeypatch.setattr(boottest.subprocess, "run", fake_qemu(seen, console(VERIFIER)))
-    assert cli.main(["boot-test", str(tmp_path), "--volatile"]) == 0
+    real = fake_qemu(seen, console(VERIFIER))
+
+    def run(cmd, **kw):
+        done = real(cmd, **kw)
+        if cmd[0].endswith("qemu-system-x86_64"):
+            seen["overlay"] = fat_file(seen["disk"], build.VOLATILE_OVERLAY)
+        return done
+    monkeypatch.setattr(boottest.subprocess, "run", run)
+    assert cli.main(["boot-test", str(out), "--volatile", "--overlay", str(overlay)]) == 0
     cmd = seen["cmd"]
-    assert cmd[cmd.index("-initrd") + 1] == str(tmp_path / "v.cpio.gz")
-    assert "printk.devkmsg=on" in cmd[cmd.index("-append") + 1].split()
+    assert not {"-kernel", "-initrd", "-append"} & set(cmd), "GRUB on the volume loads the kernel, not QEMU"
+    assert "if=pflash,format=raw,unit=0,readonly=on,file=%s" % boottest.OVMF[0][0] in cmd
+    assert "virtio-blk-pci,drive=disk0,bootindex=0" in cmd
+    assert seen["disk"].endswith("/boot-test/" + record["volatile"]), "a copy of the volatile image"
+    assert b"\nvca_cmdline_extra=%s\n" % boottest.BOOTTEST_ARGS.encode() in seen["env"]
+    assert seen["overlay"] == overlay.read_bytes()
+    # the whole root in RAM: twice the root with room, plus the volume (33 MiB here) and the kernel's own
+    memory = int(cmd[cmd.index("-m") + 1])
+    assert memory == boottest.memory_for(record, True, out / record["volatile"]) == 3584
+    assert "booting the volatile image under OVMF with 3584 MiB of memory" in capsys.readouterr().out
+    assert build.sha256(out / record["volatile"]) == record["volatile_sha256"], "the built image is untouched"
+    assert not (out / "boot-test").exists()
+
+
+def test_guest_memory_follows_the_root_the_build_recorded(tmp_path):
+    image = tmp_path / "v.img"
+    with open(image, "wb") as fh:
+        fh.truncate(458 * 2**20)
+    assert boottest.memory_for({"volatile_root_mib": 1352}, True, image) == 4096     # measured: 358 MiB free on /
+    assert boottest.memory_for({"volatile_root_mib": 1352}, False, image) == 1536
+    assert boottest.memory_for({}, True, image) == 4096
+    assert boottest.memory_for({"volatile_root_mib": 100}, True) == 1024
+
+
+def test_the_boot_fat_of_a_superfloppy_is_at_byte_0_and_of_the_disk_at_partition_1(volatile_build):
+    out, record = volatile_build
+    assert boottest.esp_offset(out / record["volatile"]) == 0
+    assert boottest.esp_offset(out / record["image"]) == build.ESP_START * build.SECTOR
+    assert boottest.fat_has(out / record["volatile"], "startup.nsh")
+    assert not boottest.fat_has(out / record["volatile"], build.VOLATILE_OVERLAY)
 
 
 def test_a_disk_without_an_esp_is_refused(tmp_path):

@@ -1,12 +1,14 @@
 """Boot a built image under QEMU (software emulation is enough) and read the verifier's TAP.
 
-The blockio disk boots as a card boots it: UEFI firmware (OVMF) loads GRUB from
-the disk's EFI system partition, and GRUB the kernel and initramfs named in its
-grub.cfg, with the profile's command line. No -kernel/-initrd. The boot test's
-own kernel arguments (BOOTTEST_ARGS) reach the kernel through a GRUB environment
-block (build.CMDLINE_ENV) written with mtools into a throwaway copy of the disk,
-so the built disk is never changed. The volatile image still boots with
-QEMU's -kernel/-initrd (its bootable form is a later step).
+Both artefacts boot as a card boots them: UEFI firmware (OVMF) loads GRUB from the
+removable-media path, and GRUB the kernel and initramfs its grub.cfg names. No
+-kernel/-initrd. The blockio disk: GRUB from its EFI system partition, the root on
+partition 2. The volatile image: the bare FAT32 volume `vcactl boot` loads, given to
+OVMF as a disk (on a card the BIOS boots it from RAM), GRUB from the whole volume, the
+root unpacked into tmpfs from the initramfs on it. The boot test's own kernel arguments
+(BOOTTEST_ARGS) reach the kernel through a GRUB environment block (build.CMDLINE_ENV)
+written with mtools into a throwaway copy, and so does a volatile boot's per-node overlay
+(build.VOLATILE_OVERLAY, a newc cpio), so the built image is never changed.
 
 Two ways to read the verifier:
 - kmsg (no ssh key given): the image's vca-boottest.service runs vca-node-verify
@@ -14,12 +16,13 @@ Two ways to read the verifier:
   runs with -no-reboot. The TAP lines come back on the serial console as kernel
   messages.
 - ssh (boot_ssh()): QEMU forwards a free loopback port to the guest's port 22;
-  the test logs in as the admin user with the fleet's key, accepting only the
-  host key it was given (StrictHostKeyChecking, a known_hosts of that one key),
-  runs `sudo vca-node-verify` and reads its TAP from ssh's stdout, then powers
-  the node off with `sudo systemctl poweroff`. Its command line has no
-  vca.boottest (SSH_BOOTTEST_ARGS), so vca-boottest.service stays off. In the
-  same boot it tries one login that expects another host key, which must fail.
+  the test logs in with the fleet's key (as the admin user, or root on a volatile
+  node whose overlay authorizes root), accepting only the host key it was given
+  (StrictHostKeyChecking, a known_hosts of that one key), runs vca-node-verify
+  (with sudo, unless it is root) and reads its TAP from ssh's stdout, then powers
+  the node off. Its command line has no vca.boottest (SSH_BOOTTEST_ARGS), so
+  vca-boottest.service stays off. In the same boot it tries one login that expects
+  another host key, which must fail.
 """
 
 from __future__ import annotations
@@ -38,9 +41,8 @@ from . import build
 KMSG_PREFIX = "vca-node-verify: "     # what vca-node-verify --kmsg puts before each line in the kernel log
 PLAN = re.compile(r"^1\.\.(\d+)$")
 RESULT = re.compile(r"^(ok|not ok) (\d+) - (.*?)(?: # (SKIP)? ?(.*))?$")
-# devkmsg's default rate limit (10 lines per 5 s) drops most of the verifier's lines.
-KERNEL_ARGS = "console=ttyS0 printk.devkmsg=on net.ifnames=0 vca.boottest vca.host=10.0.2.2 panic=-1"
-# What the boot test adds to the disk's own command line (grub.cfg has root=, net.ifnames=0).
+# What the boot test adds to the image's own command line (grub.cfg has root=, net.ifnames=0).
+# printk.devkmsg=on: devkmsg's default rate limit (10 lines per 5 s) drops most of the verifier's lines.
 BOOTTEST_ARGS = "vca.boottest vca.host=10.0.2.2 printk.devkmsg=on panic=-1 console=ttyS0"
 # The same over ssh, without vca.boottest (its service would power the node off before the login).
 # vca.host names QEMU's gateway, the host, to the verifier's route checks.
@@ -109,7 +111,12 @@ def grub_env(values):
 
 
 def esp_offset(disk):
-    """Byte offset of the disk's EFI system partition (partition 1); SystemExit when it has none."""
+    """Byte offset of the FAT file system GRUB boots from: 0 for a superfloppy (a FAT32 boot sector
+    at byte 0, no partition table: the volatile image), else partition 1, the disk's EFI system
+    partition; SystemExit when it has none."""
+    with open(disk, "rb") as fh:
+        if build.fat32_clusters(fh.read(512)) is not None:
+            return 0
     table = json.loads(subprocess.run(["sfdisk", "--json", str(disk)], check=True, capture_output=True,
                                       text=True).stdout)["partitiontable"]
     parts = table.get("partitions", [])
@@ -119,17 +126,27 @@ def esp_offset(disk):
     return parts[0]["start"] * build.SECTOR
 
 
-def boot_copy(image, work, extra_args):
-    """A copy of the disk (sparse) whose ESP carries build.CMDLINE_ENV with vca_cmdline_extra =
-    extra_args, written by mcopy: the disk the boot test boots. The built image stays untouched."""
+def fat_has(image, name):
+    """True when the FAT GRUB boots from (esp_offset()) holds /name."""
+    return subprocess.run(["mdir", "-b", "-i", "%s@@%d" % (image, esp_offset(image)), "::/" + name],
+                          capture_output=True, check=False, env=build.mtools_env()).returncode == 0
+
+
+def boot_copy(image, work, extra_args, overlay=None):
+    """A copy of the image (sparse) whose boot FAT carries build.CMDLINE_ENV with vca_cmdline_extra
+    = extra_args, and (overlay, a volatile boot) the node's newc overlay as build.VOLATILE_OVERLAY,
+    both written by mcopy: the image the boot test boots. The built image stays untouched."""
     work.mkdir(parents=True, exist_ok=True)
     copy = work / Path(image).name
     copy.unlink(missing_ok=True)
     subprocess.run(["cp", "--sparse=always", "--reflink=auto", str(image), str(copy)], check=True)
     env_file = work / "vca-cmdline.env"
     env_file.write_bytes(grub_env({"vca_cmdline_extra": extra_args}))
-    subprocess.run(["mcopy", "-o", "-i", "%s@@%d" % (copy, esp_offset(copy)), str(env_file),
-                    "::/" + build.CMDLINE_ENV], check=True, env=build.mtools_env(work), stdout=subprocess.DEVNULL)
+    fat = "%s@@%d" % (copy, esp_offset(copy))
+    files = [(env_file, build.CMDLINE_ENV)] + ([(Path(overlay), build.VOLATILE_OVERLAY)] if overlay else [])
+    for local, name in files:
+        subprocess.run(["mcopy", "-o", "-i", fat, str(local), "::/" + name], check=True, env=build.mtools_env(),
+                       stdout=subprocess.DEVNULL)
     return copy
 
 
@@ -144,8 +161,29 @@ def build_record(out, volatile=False):
     return records[0]
 
 
-def qemu_argv(out, record, image, work, memory_mib, *, args, volatile=False, netdev="user,id=n0"):
-    """QEMU's command line: the disk (a copy with args on its ESP) under OVMF, or the volatile image."""
+def image_of(out, record, image=None, volatile=False):
+    """What a boot test boots: image, or the build's disk or (volatile) volatile volume."""
+    return Path(image) if image else Path(out) / record["volatile" if volatile else "image"]
+
+
+def memory_for(record, volatile, image=None):
+    """MiB of guest memory: 1536 for the disk. A volatile node holds its whole root in the rootfs
+    tmpfs, which the kernel sizes at half the memory it has when it mounts it, the initramfs
+    (about the volatile image's size) and the kernel's own (256 MiB) already taken: twice the root
+    (the build's volatile_root_mib) with 256 MiB of room (the verifier wants 100 free), plus the
+    image and 256, in steps of 256 MiB. 4096 for a build that did not record its root's size."""
+    if not volatile:
+        return 1536
+    root = record.get("volatile_root_mib")
+    if not root:
+        return 4096
+    image_mib = -(-Path(image).stat().st_size // 2**20) if image and Path(image).is_file() else 0
+    return -(-(2 * (root + 256) + image_mib + 256) // 256) * 256
+
+
+def qemu_argv(out, record, image, work, memory_mib, *, args, volatile=False, overlay=None, netdev="user,id=n0"):
+    """QEMU's command line: OVMF and a copy of the image (the disk, or the volatile volume) with args
+    (and a volatile boot's overlay) on the FAT GRUB boots from, as the one disk."""
     qemu = shutil.which("qemu-system-x86_64")
     if not qemu:
         raise SystemExit("vca-image: qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)")
@@ -155,11 +193,8 @@ def qemu_argv(out, record, image, work, memory_mib, *, args, volatile=False, net
            "-serial", "file:%s" % console]
     # romfile=: no iPXE option ROM, so the firmware does not try a network boot
     net = ["-netdev", netdev, "-device", "virtio-net-pci,netdev=n0,romfile="]
-    if volatile:    # no root=: the kernel runs /init from the initramfs, in tmpfs
-        return [*cmd, "-snapshot", "-kernel", str(out / "vmlinuz"), "-initrd", str(out / record["volatile"]),
-                "-append", KERNEL_ARGS, *net]
     code, nvram = ovmf()
-    disk = boot_copy(image or out / record["image"], work, args)
+    disk = boot_copy(image_of(out, record, image, volatile), work, args, overlay)
     variables = work / "OVMF_VARS.fd"
     shutil.copyfile(nvram, variables)
     return [*cmd, "-drive", "if=pflash,format=raw,unit=0,readonly=on,file=%s" % code,
@@ -168,15 +203,16 @@ def qemu_argv(out, record, image, work, memory_mib, *, args, volatile=False, net
             "-device", "virtio-blk-pci,drive=disk0,bootindex=0", *net]
 
 
-def boot(out, image=None, timeout=600, memory_mib=1536, volatile=False):
-    """Boot out/<image> (or image) from its own ESP under OVMF (a copy of it, with BOOTTEST_ARGS), or
-    (volatile) out/vmlinuz with the whole-root initramfs and no disk, and read the verifier's TAP
-    from the console; returns (plan, results, seconds, console text)."""
+def boot(out, image=None, timeout=600, memory_mib=None, *, volatile=False, overlay=None):
+    """Boot out/<image> (or image), or (volatile) the build's volatile volume, from its own GRUB under
+    OVMF (a copy of it, with BOOTTEST_ARGS and overlay), and read the verifier's TAP from the
+    console; returns (plan, results, seconds, console text)."""
     out = Path(out)
     record = build_record(out, volatile)
     work = out / "boot-test"
+    memory_mib = memory_mib or memory_for(record, volatile, image_of(out, record, image, volatile))
     try:
-        cmd = qemu_argv(out, record, image, work, memory_mib, args=BOOTTEST_ARGS, volatile=volatile)
+        cmd = qemu_argv(out, record, image, work, memory_mib, args=BOOTTEST_ARGS, volatile=volatile, overlay=overlay)
         start = time.monotonic()
         try:
             subprocess.run(cmd, timeout=timeout, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -230,6 +266,11 @@ def ssh_banner(port, timeout=5.0):
 
 
 HOST_KEY_REFUSED = "Host key verification failed"
+
+
+def privileged(user, command):
+    """command as the guest's root: with sudo -n (no password: the image's sudoers) unless user is root."""
+    return command if user == "root" else "sudo -n " + command
 
 
 class Guest:
@@ -286,13 +327,14 @@ def logged_in(guest, known, other, result, start):
     state = guest.ssh(known, "systemctl is-system-running --wait")
     result["system_state"] = state.stdout.strip() or state.stderr.strip()[-100:]
     timings["system"] = time.monotonic() - start
-    verify = guest.ssh(known, "sudo -n %s" % VERIFY)
+    verify = guest.ssh(known, privileged(guest.user, VERIFY))
     timings["verifier"] = time.monotonic() - start
     result["text"] = verify.stdout
     result["plan"], result["results"] = parse_tap(verify.stdout, prefix=None)
     if verify.returncode not in (0, 1):      # 1: a check failed, which the TAP says
-        problems.append("sudo -n %s over ssh: exit %d: %s" % (VERIFY, verify.returncode, verify.stderr.strip()[-300:]))
-    guest.ssh(known, "sudo -n systemctl poweroff", limit=30)
+        problems.append("%s over ssh: exit %d: %s" % (privileged(guest.user, VERIFY), verify.returncode,
+                                                      verify.stderr.strip()[-300:]))
+    guest.ssh(known, privileged(guest.user, "systemctl poweroff"), limit=30)
     try:
         guest.qemu.wait(timeout=guest.left())
         timings["poweroff"] = time.monotonic() - start
@@ -300,23 +342,27 @@ def logged_in(guest, known, other, result, start):
         problems.append("the guest did not power off before the boot test's time ran out")
 
 
-def boot_ssh(out, key, host_key, *, user="vcaadmin", image=None, timeout=600, memory_mib=1536):
-    """Boot the disk (image, or the build's) as boot() does but with SSH_BOOTTEST_ARGS and port 22
-    forwarded from a free loopback port; log in as user with key, expecting the host key whose .pub
-    is host_key; try one login that expects another host key (it must be refused); run the verifier
-    with sudo and read its TAP from ssh; power off and wait for QEMU. Returns a dict: plan, results,
-    text (the verifier's output), problems (beyond the TAP's), timings (s from QEMU's start), seconds."""
+def boot_ssh(out, key, host_key, *, user="vcaadmin", image=None, timeout=600, memory_mib=None, volatile=False,
+             overlay=None):
+    """Boot the disk (image, or the build's) or (volatile) the volatile volume with overlay as boot()
+    does but with SSH_BOOTTEST_ARGS and port 22 forwarded from a free loopback port; log in as user
+    with key, expecting the host key whose .pub is host_key; try one login that expects another host
+    key (it must be refused); run the verifier (sudo unless user is root) and read its TAP from ssh;
+    power off and wait for QEMU. Returns a dict: plan, results, text (the verifier's output),
+    problems (beyond the TAP's), timings (s from QEMU's start), seconds, memory_mib."""
     out = Path(out)
-    record = build_record(out)
+    record = build_record(out, volatile)
+    memory_mib = memory_mib or memory_for(record, volatile, image_of(out, record, image, volatile))
     work = out / "boot-test"
     port = free_port()
-    result = {"plan": None, "results": [], "text": "", "problems": [], "timings": {}, "port": port}
+    result = {"plan": None, "results": [], "text": "", "problems": [], "timings": {}, "port": port,
+              "memory_mib": memory_mib}
     problems, timings = result["problems"], result["timings"]
     qemu = None
     start = time.monotonic()
     try:
-        cmd = qemu_argv(out, record, image, work, memory_mib, args=SSH_BOOTTEST_ARGS,
-                        netdev="user,id=n0,hostfwd=tcp:127.0.0.1:%d-:22" % port)
+        cmd = qemu_argv(out, record, image, work, memory_mib, args=SSH_BOOTTEST_ARGS, volatile=volatile,
+                        overlay=overlay, netdev="user,id=n0,hostfwd=tcp:127.0.0.1:%d-:22" % port)
         known = work / "known_hosts"
         known.write_text(known_hosts_line(port, Path(host_key).read_text()))
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(work / "other")], check=True,

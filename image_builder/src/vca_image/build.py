@@ -1,9 +1,11 @@
 """Build a node image from a profile: mmdebstrap into a directory, then a GPT disk with
 an EFI system partition (GRUB for x86_64-efi) on partition 1 and the root file system on
 partition 2, made by sfdisk, mkfs.fat + mtools and `mke2fs -d` (no loop device, no
-mount). Reproducible: SOURCE_DATE_EPOCH, every mtime clamped to it, a fixed file-system
-UUID, hash seed, FAT volume id and GPT GUIDs, a sorted package set, and the files a first
-boot makes for itself (ssh host keys, machine-id, logs) left out.
+mount); and, where the profile asks, the volatile image: a bare FAT32 volume with the same
+GRUB, the kernel and the whole root as one initramfs, the file `vcactl boot` loads.
+Reproducible: SOURCE_DATE_EPOCH, every mtime clamped to it, a fixed file-system UUID, hash
+seed, FAT volume ids and GPT GUIDs, a sorted package set, and the files a first boot makes
+for itself (ssh host keys, machine-id, logs) left out.
 """
 
 from __future__ import annotations
@@ -12,14 +14,18 @@ import gzip
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
+import stat
+import struct
 import subprocess
 import sys
 import threading
 import uuid
 from pathlib import Path
 
+from . import vcasetup
 from .profile import agent_units, kernel_debs
 
 SECTOR = 512
@@ -29,9 +35,25 @@ ROOT_START = ESP_START + ESP_SECTORS                # sectors: 65 MiB; partition
 LINUX_FS = "0FC63DAF-8483-4772-8E79-3D69D8477DE4"
 ESP_TYPE = "C12A7328-F81F-11D2-BA4B-00A0C93EC93B"
 ESP_LABEL = "VCA-ESP"
+VOLATILE_LABEL = "VCA-RAMDISK"                      # the LBP protocol's word for the buffer vcactl boot fills
 # The ESP's files: the firmware's removable-media path, and the menu beside it.
 GRUB_EFI = "EFI/BOOT/BOOTX64.EFI"
 GRUB_CFG = "EFI/BOOT/grub.cfg"
+# The volatile volume's own files, beside GRUB and its grub.cfg (as Intel's create_image.sh lays
+# out vca_baremetal_*.img): the UEFI shell's fallback, the kernel, the whole root as an initramfs.
+STARTUP_NSH = "startup.nsh"
+STARTUP_NSH_TEXT = "fs0:\\EFI\\BOOT\\BOOTX64.EFI\n"
+VOLATILE_KERNEL = "vmlinuz"
+VOLATILE_INITRD = "initrd.img"
+VOLATILE_FILES = (GRUB_EFI, GRUB_CFG, STARTUP_NSH, VOLATILE_KERNEL, VOLATILE_INITRD)
+# Optional, absent from a built volume: the per-node overlay, a newc cpio (newc.py) that grub.cfg
+# hands the kernel after the initramfs, so its files replace the image's.
+VOLATILE_OVERLAY = "vca-overlay.cpio"
+# Free room on the volatile volume for what a node's copy gets (the overlay, CMDLINE_ENV).
+VOLATILE_SLACK_MIB = 16
+# FAT32 wants at least 65525 clusters; mkfs.fat's smallest clusters (512 B) need 33 MiB for that.
+FAT32_MIN_CLUSTERS = 65525
+FAT32_MIN_MIB = 33
 # Optional, absent from a built disk: a GRUB environment block whose vca_cmdline_extra grub.cfg
 # appends to the kernel command line (the boot test writes one into its copy of the disk).
 CMDLINE_ENV = "EFI/BOOT/vca-cmdline.env"
@@ -92,9 +114,15 @@ def user_hooks(profile):
             for user in profile.get("users", []) if user["name"] != "root"]
 
 
-def bootstrap(profile, rootfs, cache):
-    """mmdebstrap the sorted package set into rootfs; downloads cached in cache/."""
-    cache.mkdir(parents=True, exist_ok=True)
+# mmdebstrap's hook options in the order of the phases it runs them in.
+HOOK_PHASES = ("--setup-hook", "--extract-hook", "--essential-hook", "--customize-hook")
+
+
+def mmdebstrap_argv(profile, rootfs, cache):
+    """mmdebstrap's command line: the sorted package set (and Intel's .debs for a debs_dir kernel),
+    the download cache synced in and out, the users, and Intel's card-side setup (vcasetup.hooks())
+    where the profile has kernel.vca_userspace. The hooks are listed phase by phase, as they run:
+    the --essential-hook that writes /etc/vca_config before every --customize-hook."""
     include = packages(profile)
     if profile["kernel"]["source"] == "debs_dir":
         include += [str(p) for p in kernel_debs(profile)]
@@ -103,16 +131,25 @@ def bootstrap(profile, rootfs, cache):
            "--include=%s" % ",".join(include),
            "--aptopt=Acquire::Languages \"none\"",
            "--dpkgopt=path-exclude=/usr/share/doc/*", "--dpkgopt=path-include=/usr/share/doc/*/copyright",
-           "--dpkgopt=path-exclude=/usr/share/man/*", "--dpkgopt=path-exclude=/usr/share/locale/*",
-           # the package cache: in before the download, out after it, so a rebuild downloads nothing
-           '--setup-hook=mkdir -p "$1"/var/cache/apt/archives/',
-           # mmdebstrap splits a special hook's arguments as a shell would: quoted
-           "--setup-hook=sync-in %s /var/cache/apt/archives/" % shlex.quote(str(cache)),
-           "--customize-hook=sync-out /var/cache/apt/archives %s" % shlex.quote(str(cache))]
-    cmd += ["--customize-hook=%s" % hook for hook in user_hooks(profile)]
-    cmd += [profile["suite"], str(rootfs), profile["mirror"]]
+           "--dpkgopt=path-exclude=/usr/share/man/*", "--dpkgopt=path-exclude=/usr/share/locale/*"]
+    hooks = [
+        # the package cache: in before the download, out after it, so a rebuild downloads nothing
+        ("--setup-hook", 'mkdir -p "$1"/var/cache/apt/archives/'),
+        # mmdebstrap splits a special hook's arguments as a shell would: quoted
+        ("--setup-hook", "sync-in %s /var/cache/apt/archives/" % shlex.quote(str(cache))),
+        ("--customize-hook", "sync-out /var/cache/apt/archives %s" % shlex.quote(str(cache))),
+        *(("--customize-hook", hook) for hook in user_hooks(profile)),
+        *vcasetup.hooks(profile),
+    ]
+    hooks.sort(key=lambda hook: HOOK_PHASES.index(hook[0]))      # stable: in order within a phase
+    return [*cmd, *("%s=%s" % hook for hook in hooks), profile["suite"], str(rootfs), profile["mirror"]]
+
+
+def bootstrap(profile, rootfs, cache):
+    """mmdebstrap the sorted package set into rootfs; downloads cached in cache/."""
+    cache.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, SOURCE_DATE_EPOCH=str(profile["image"]["source_date_epoch"]))
-    run(cmd, env=env)
+    run(mmdebstrap_argv(profile, rootfs, cache), env=env)
 
 
 def write(root, rel, text, mode=0o644):
@@ -293,9 +330,73 @@ def grub_cfg(profile):
                   "envname": CMDLINE_ENV.rsplit("/", 1)[1], "cmdline": kernel_cmdline(profile)})
 
 
+# The arguments that name or mount a root device: a volatile boot has none.
+ROOT_DEVICE_ARGS = ("root=", "rootfstype=", "rootflags=", "rootwait", "rw", "ro")
+
+
+def volatile_kernel_args(rootfs, release):
+    """What the volatile boot must add for this kernel (release, its config in the tree's /boot).
+    The kernel sizes the rootfs tmpfs at half the memory it has set up when it mounts it, early;
+    with CONFIG_DEFERRED_STRUCT_PAGE_INIT that is all but one 128 MiB section of the highest zone
+    (since 4.17; 4.14 sets up at least 2 GiB of it), so a root of more than a few hundred MiB does
+    not fit ("Initramfs unpacking failed: write error") however much memory the node has.
+    early_page_ext (6.1 and later, with CONFIG_PAGE_EXTENSION) sets all memory up first. Others
+    get nothing, and a note in the build log where their root may not fit."""
+    config = rootfs / "boot" / ("config-%s" % release)
+    lines = set(config.read_text(errors="replace").splitlines()) if config.is_file() else set()
+    if "CONFIG_DEFERRED_STRUCT_PAGE_INIT=y" not in lines:
+        return []
+    version = re.match(r"(\d+)\.(\d+)", release)
+    if version and (int(version.group(1)), int(version.group(2))) >= (6, 1) and "CONFIG_PAGE_EXTENSION=y" in lines:
+        return ["early_page_ext"]
+    log("note: kernel %s defers setting up struct pages and has no early_page_ext: its rootfs tmpfs may be "
+        "too small for the volatile root" % release)
+    return []
+
+
+def volatile_cmdline(profile, extra=()):
+    """The volatile boot's kernel command line: kernel_cmdline() without ROOT_DEVICE_ARGS, and extra
+    (volatile_kernel_args()). With no root= (and no rootfstype=) the kernel unpacks the initramfs
+    into tmpfs, not ramfs, which has no size and so no free room to report (init/do_mounts.c,
+    init_rootfs()), runs its /init and mounts nothing over it."""
+    args = [arg for arg in kernel_cmdline(profile).split()
+            if not any(arg == a or (a.endswith("=") and arg.startswith(a)) for a in ROOT_DEVICE_ARGS)]
+    return " ".join(args + [a for a in extra if a not in args])
+
+
+def volatile_grub_cfg(profile, cmdline):
+    """The volatile volume's menu: the kernel and the whole-root initramfs from the volume GRUB was
+    loaded from (its root; the volume is a superfloppy, so that is the whole device), then the
+    node's overlay (VOLATILE_OVERLAY) where one is on the volume: GRUB's initrd joins the files and
+    the kernel unpacks the second newc archive over the first. vca_cmdline_extra as on the ESP."""
+    return (
+        "# vca-image %(name)s, volatile: /%(initrd)s is the whole root file system, unpacked into tmpfs.\n"
+        "# The kernel command line is the profile's boot.cmdline without root=, rw or ro (there is no\n"
+        "# root device), with what this kernel needs for a large root in tmpfs; vca_cmdline_extra,\n"
+        "# from the GRUB environment block %(env)s where there is one, is appended.\n"
+        "# /%(overlay)s, where there is one, is the node's own files (a newc cpio): unpacked after\n"
+        "# the root, over it.\n"
+        "set timeout=0\n"
+        "set default=0\n"
+        "set vca_cmdline_extra=\n"
+        "if [ -f ${prefix}/%(envname)s ]; then\n"
+        "    load_env --file ${prefix}/%(envname)s vca_cmdline_extra\n"
+        "fi\n"
+        "set vca_overlay=\n"
+        "if [ -f /%(overlay)s ]; then\n"
+        "    set vca_overlay=/%(overlay)s\n"
+        "fi\n"
+        "menuentry \"%(name)s (volatile)\" {\n"
+        "    linux /%(kernel)s %(cmdline)s ${vca_cmdline_extra}\n"
+        "    initrd /%(initrd)s ${vca_overlay}\n"
+        "}\n" % {"name": profile["name"], "env": "/" + CMDLINE_ENV, "envname": CMDLINE_ENV.rsplit("/", 1)[1],
+                  "overlay": VOLATILE_OVERLAY, "kernel": VOLATILE_KERNEL, "initrd": VOLATILE_INITRD,
+                  "cmdline": cmdline})
+
+
 # The programs a build runs beyond mmdebstrap's and e2fsprogs', and the package of each.
-HOST_TOOLS = {"mkfs.fat": "dosfstools", "mcopy": "mtools", "grub-mkimage": "grub-common (with grub-efi-amd64-bin)",
-              "sfdisk": "fdisk"}
+HOST_TOOLS = {"mkfs.fat": "dosfstools", "mcopy": "mtools", "mmd": "mtools",
+              "grub-mkimage": "grub-common (with grub-efi-amd64-bin)", "sfdisk": "fdisk", "cpio": "cpio"}
 
 
 def check_host():
@@ -313,40 +414,102 @@ def grub_version():
                           text=True).stdout.strip()
 
 
-def mtools_env(workdir):
+def mtools_env(epoch=None):
     """mtools with no host settings (an empty MTOOLSRC), no geometry check, and UTC: FAT keeps
-    local times, so the zone would show in every time stamp."""
-    rc = workdir / "mtoolsrc"
-    rc.write_text("")
-    return dict(os.environ, MTOOLSRC=str(rc), MTOOLS_SKIP_CHECK="1", TZ="UTC0", LC_ALL="C")
+    local times, so the zone would show in every time stamp. With epoch, SOURCE_DATE_EPOCH too:
+    the time mtools gives what it makes itself (mmd's directories)."""
+    env = dict(os.environ, MTOOLSRC=os.devnull, MTOOLS_SKIP_CHECK="1", TZ="UTC0", LC_ALL="C")
+    if epoch is not None:
+        env["SOURCE_DATE_EPOCH"] = str(epoch)
+    return env
+
+
+def fat32_clusters(sector):
+    """The number of clusters of the FAT32 file system whose boot sector this is (a volume's first
+    512 bytes), or None when it is no FAT32 boot sector (the 55AA signature, a jump, a sane BPB,
+    no FAT16 table size, "FAT32" as its type). A partition table's MBR is none."""
+    if len(sector) < 512 or sector[510:512] != b"\x55\xaa" or sector[0] not in (0xEB, 0xE9):
+        return None
+    per_sector, per_cluster, reserved, fats = struct.unpack_from("<HBHB", sector, 11)
+    total16, fat16 = struct.unpack_from("<H", sector, 19)[0], struct.unpack_from("<H", sector, 22)[0]
+    total32, fat32 = struct.unpack_from("<II", sector, 32)
+    if per_sector not in (512, 1024, 2048, 4096) or per_cluster not in (1, 2, 4, 8, 16, 32, 64, 128) \
+            or not fats or fat16 or not fat32 or sector[82:90] != b"FAT32   ":
+        return None
+    return ((total32 or total16) - reserved - fats * fat32) // per_cluster
+
+
+def fat_size_mib(tree, slack_mib):
+    """MiB for a FAT32 volume that holds tree with slack_mib to spare: each file and directory
+    rounded up to 4 KiB (the largest cluster mkfs.fat picks below 8 GiB), both FATs as large as
+    512-byte clusters make them, the reserved sectors; at least FAT32_MIN_MIB."""
+    data = 0
+    for dirpath, _, filenames in os.walk(tree):
+        data += 4096 + sum(-(-os.path.getsize(os.path.join(dirpath, f)) // 4096) * 4096 for f in filenames)
+    total = data + slack_mib * 2**20
+    total += 2 * 4 * (total // SECTOR + 2) + 32 * SECTOR
+    return max(FAT32_MIN_MIB, -(-total // 2**20))
+
+
+def make_fat(profile, purpose, tree, path, *, label, size_mib, cluster_sectors=None):
+    """A FAT32 file system in the file path holding tree, the one FAT builder: mkfs.fat --invariant
+    with a volume id fixed per profile and purpose (guid()) and the label; then each directory (mmd)
+    and its files (mcopy -m: the mtimes, clamped to SOURCE_DATE_EPOCH, kept) in name order, each
+    directory before what is in it, so neither the host's readdir order nor its clock shows.
+    cluster_sectors None: mkfs.fat's choice for the size (512 B clusters to 260 MiB, 4 KiB above).
+    No loop device, no mount. SystemExit when the result is not FAT32 with enough clusters."""
+    epoch = profile["image"]["source_date_epoch"]
+    clamp_mtimes(tree, epoch)
+    path.unlink(missing_ok=True)
+    # --invariant first: it also fixes the volume id, and the -i after it wins
+    run(["mkfs.fat", "--invariant", "-i", guid(profile, purpose)[:8], "-n", label, "-F", "32", "-S", str(SECTOR),
+         *(["-s", str(cluster_sectors)] if cluster_sectors else []), "-C", path, str(size_mib * 1024)],
+        stdout=subprocess.DEVNULL)
+    with open(path, "rb") as fh:
+        clusters = fat32_clusters(fh.read(512))
+    if clusters is None or clusters < FAT32_MIN_CLUSTERS:
+        raise SystemExit("vca-image: %s: mkfs.fat made no FAT32 (%s clusters, FAT32 wants %d): %d MiB is too small"
+                         % (path, clusters, FAT32_MIN_CLUSTERS, size_mib))
+    env = mtools_env(epoch)
+    for dirpath, dirnames, filenames in os.walk(tree):
+        dirnames.sort()
+        rel = Path(dirpath).relative_to(tree).as_posix()
+        if rel != ".":
+            run(["mmd", "-i", path, "::/" + rel], env=env)
+        if filenames:
+            run(["mcopy", "-m", "-Q", "-i", path, *(Path(dirpath) / f for f in sorted(filenames)),
+                 "::/" if rel == "." else "::/%s/" % rel], env=env)
+    return path
+
+
+def grub_image(work, target):
+    """GRUB for x86_64-efi (grub-mkimage, GRUB_MODULES built in, nothing loaded later) with an
+    embedded config that reads grub.cfg beside it. $prefix is (the device GRUB was loaded
+    from)/EFI/BOOT: -p names the directory, the firmware the device, the ESP (partition 1) or,
+    for the volatile superfloppy, the whole volume. grub-mkimage's output is reproducible."""
+    embedded = work / "embedded.cfg"
+    embedded.write_text("configfile ${prefix}/grub.cfg\n")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    run(["grub-mkimage", "-O", "x86_64-efi", "-p", "/EFI/BOOT", "-c", embedded, "-o", target, *GRUB_MODULES])
+    embedded.unlink()
+
+
+def _workdir(path):
+    if path.exists():
+        shutil.rmtree(path)
+    (path / "tree").mkdir(parents=True)
+    return path / "tree"
 
 
 def make_esp(profile, out):
-    """The EFI system partition as a file: FAT32 by mkfs.fat with a fixed volume id and label
-    (--invariant for the rest), GRUB's BOOTX64.EFI (grub-mkimage, its modules built in, an
-    embedded config that reads grub.cfg beside it) and grub.cfg put in by mcopy -m from a
-    tree whose times are clamped to SOURCE_DATE_EPOCH. No loop device, no mount."""
-    epoch = profile["image"]["source_date_epoch"]
-    work = out / "esp.d"
-    if work.exists():
-        shutil.rmtree(work)
-    tree = work / "tree"
-    (tree / "EFI/BOOT").mkdir(parents=True)
-    embedded = work / "embedded.cfg"
-    # $prefix is (the ESP GRUB was loaded from)/EFI/BOOT: -p names the directory, the firmware the device
-    embedded.write_text("configfile ${prefix}/grub.cfg\n")
-    run(["grub-mkimage", "-O", "x86_64-efi", "-p", "/EFI/BOOT", "-c", embedded, "-o", tree / GRUB_EFI,
-         *GRUB_MODULES])
+    """The EFI system partition as a file (make_fat(): 64 MiB, 512-byte clusters, label VCA-ESP):
+    GRUB's BOOTX64.EFI and grub.cfg at the removable-media path."""
+    tree = _workdir(out / "esp.d")
+    grub_image(tree.parent, tree / GRUB_EFI)
     (tree / GRUB_CFG).write_text(grub_cfg(profile))
-    clamp_mtimes(tree, epoch)
-    esp = out / "esp.fat"
-    esp.unlink(missing_ok=True)
-    volume_id = guid(profile, "esp")[:8]
-    # --invariant first: it also fixes the volume id, and the -i after it wins
-    run(["mkfs.fat", "--invariant", "-i", volume_id, "-n", ESP_LABEL, "-F", "32", "-S", str(SECTOR), "-s", "1",
-         "-C", esp, str(ESP_SECTORS * SECTOR // 1024)], stdout=subprocess.DEVNULL)
-    run(["mcopy", "-s", "-m", "-Q", "-i", esp, tree / "EFI", "::/"], env=mtools_env(work))
-    shutil.rmtree(work)
+    esp = make_fat(profile, "esp", tree, out / "esp.fat", label=ESP_LABEL, size_mib=ESP_SECTORS * SECTOR // 2**20,
+                   cluster_sectors=1)
+    shutil.rmtree(tree.parent)
     return esp
 
 
@@ -394,24 +557,27 @@ def make_disk(profile, rootfs, out):
     return disk
 
 
-def make_volatile(profile, rootfs, out):
-    """The volatile (RAM) boot image: the whole root file system as one gzip'd newc initramfs,
-    /init -> /sbin/init, booted with the build's vmlinuz and no disk (the kernel unpacks it
-    into tmpfs; nothing survives a reboot). Reproducible: names sorted, mtimes clamped,
-    cpio --reproducible, gzip without a name or time. gzip, not zstd: the 4.14 VCA kernel
-    predates zstd initramfs."""
+def whole_root_initramfs(profile, rootfs, path):
+    """The whole root file system as one gzip'd newc initramfs in path, /init -> /sbin/init.
+    Reproducible: names sorted, mtimes clamped, cpio --reproducible, gzip without a name or time.
+    gzip, not zstd: the 4.14 VCA kernel predates zstd initramfs. Returns the bytes the tree takes
+    once unpacked into tmpfs (each regular file, hard links once, in 4 KiB pages)."""
     epoch = profile["image"]["source_date_epoch"]
     init = rootfs / "init"
     if not os.path.lexists(init):
         init.symlink_to("sbin/init")
         os.utime(init, (epoch, epoch), follow_symlinks=False)
         os.utime(rootfs, (epoch, epoch))
-    names = ["."]
+    names, inodes, size = ["."], set(), 0
     for dirpath, dirnames, filenames in os.walk(rootfs):
         for name in dirnames + filenames:
-            names.append(os.path.relpath(os.path.join(dirpath, name), rootfs))
+            full = os.path.join(dirpath, name)
+            names.append(os.path.relpath(full, rootfs))
+            st = os.lstat(full)
+            if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in inodes:
+                inodes.add((st.st_dev, st.st_ino))
+                size += -(-st.st_size // 4096) * 4096
     listing = "".join(n + "\0" for n in sorted(names)).encode()
-    path = out / ("%s.volatile.cpio.gz" % profile["name"])
     log("$ cpio -o -H newc --reproducible | gzip -n > %s" % path)
     with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6) as gz:
         proc = subprocess.Popen(["cpio", "--quiet", "-o", "-H", "newc", "--reproducible", "--null"], cwd=rootfs,
@@ -423,7 +589,34 @@ def make_volatile(profile, rootfs, out):
         feeder.join()
         if proc.wait() != 0:
             raise SystemExit("vca-image: cpio failed making %s" % path)
-    return path
+    return size
+
+
+def make_volatile(profile, rootfs, out):
+    """The volatile (RAM) boot image, <profile>.volatile.img, in the form `vcactl boot <card> <cpu>
+    <file>` loads (vcactl reads the file as it is, the driver copies it into a buffer the node's
+    BIOS allocates, and the BIOS boots that as a UEFI disk): a bare FAT32 volume, no partition
+    table, its boot sector at byte 0, as Intel's buildscripts/create_image.sh makes
+    vca_baremetal_*.img (github.com/OpenVisualCloud/VCAC-SW). It holds GRUB at the removable-media
+    path (the ESP's BOOTX64.EFI) with volatile_grub_cfg() beside it, /startup.nsh (the UEFI shell's
+    fallback, as Intel ships it), the newest kernel of the tree and the whole root as one initramfs
+    (whole_root_initramfs()): the kernel unpacks it into tmpfs and nothing survives a reboot.
+    Sized from its contents (fat_size_mib(), VOLATILE_SLACK_MIB to spare for a node's overlay).
+    Returns (the image, the bytes the root takes in tmpfs, the kernel command line)."""
+    kernels = sorted((rootfs / "boot").glob("vmlinuz-*"))
+    if not kernels:
+        raise SystemExit("vca-image: no /boot/vmlinuz-* in the tree: the volatile image boots the tree's kernel")
+    tree = _workdir(out / "volatile.d")
+    grub_image(tree.parent, tree / GRUB_EFI)
+    cmdline = volatile_cmdline(profile, volatile_kernel_args(rootfs, kernels[-1].name[len("vmlinuz-"):]))
+    (tree / GRUB_CFG).write_text(volatile_grub_cfg(profile, cmdline))
+    (tree / STARTUP_NSH).write_text(STARTUP_NSH_TEXT)
+    shutil.copyfile(kernels[-1], tree / VOLATILE_KERNEL)
+    root_bytes = whole_root_initramfs(profile, rootfs, tree / VOLATILE_INITRD)
+    image = make_fat(profile, "volatile", tree, out / ("%s.volatile.img" % profile["name"]), label=VOLATILE_LABEL,
+                     size_mib=fat_size_mib(tree, VOLATILE_SLACK_MIB))
+    shutil.rmtree(tree.parent)
+    return image, root_bytes, cmdline
 
 
 def build(profile, out, cache=None, keep_rootfs=False):
@@ -437,22 +630,28 @@ def build(profile, out, cache=None, keep_rootfs=False):
     if rootfs.exists():
         shutil.rmtree(rootfs)
     bootstrap(profile, rootfs, cache / profile["suite"])
+    problems = vcasetup.check(profile, rootfs)
+    if problems:
+        raise SystemExit("vca-image: Intel's card-side setup is not in the image (%s): %s"
+                         % (rootfs, "; ".join(problems)))
     installed = manifest(rootfs)
     bootloader = grub_version()
     record = configure(profile, rootfs, base, installed, bootloader)
     record["packages"] = installed
     boot_links(rootfs)                               # /boot/vmlinuz, /boot/initrd.img: what grub.cfg loads
     record["boot"] = {"cmdline": kernel_cmdline(profile), "bootloader": bootloader}
-    for kind in ("vmlinuz", "initrd.img"):           # for QEMU's -kernel/-initrd and for vcactl
+    for kind in ("vmlinuz", "initrd.img"):           # the disk's kernel and initramfs, beside it for the record
         found = sorted((rootfs / "boot").glob("%s-*" % kind))
         if found:
             shutil.copyfile(found[-1], out / kind)
     clamp_mtimes(rootfs, profile["image"]["source_date_epoch"])
     disk = make_disk(profile, rootfs, out)
     if "volatile" in profile["formats"]:
-        volatile = make_volatile(profile, rootfs, out)
+        volatile, root_bytes, cmdline = make_volatile(profile, rootfs, out)
         record["volatile"] = volatile.name
         record["volatile_sha256"] = sha256(volatile)
+        record["volatile_root_mib"] = -(-root_bytes // 2**20)       # what the root takes in RAM, unpacked
+        record["boot"]["volatile_cmdline"] = cmdline
     if not keep_rootfs:
         shutil.rmtree(rootfs)
     record["image"] = disk.name
