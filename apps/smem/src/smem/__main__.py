@@ -1,0 +1,3 @@
+from smem.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,204 @@
+"""The one SQLite file: WAL, versioned schema, FTS5 and sqlite-vec (through apsw, which can load extensions)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+from contextlib import contextmanager
+from datetime import UTC, datetime
+
+import apsw
+import numpy as np
+import sqlite_vec
+
+TIME_FMT = "%Y-%m-%dT%H:%M:%S.%fZ"  # fixed width, so text order is time order
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime(TIME_FMT)
+
+
+def parse_time(value: str) -> str:
+    """ISO-8601 in (a date, or a time with or without offset; naive means UTC) -> the stored form."""
+    if not isinstance(value, str) or not value:
+        raise ValueError("expected an ISO-8601 date or time, got %r" % (value,))
+    t = datetime.fromisoformat(value)
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=UTC)
+    return t.astimezone(UTC).strftime(TIME_FMT)
+
+
+def new_id(prefix: str) -> str:
+    return "%s_%s" % (prefix, secrets.token_hex(8))
+
+
+def vec_blob(v: np.ndarray) -> bytes:
+    return np.asarray(v, dtype=np.float32).tobytes()
+
+
+class SchemaError(RuntimeError):
+    pass
+
+
+def _m1(c: apsw.Connection, dim: int) -> None:
+    c.execute("""
+    CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE documents(
+        id TEXT PRIMARY KEY, ns TEXT NOT NULL, custom_id TEXT, content TEXT NOT NULL,
+        metadata TEXT NOT NULL DEFAULT '{}', valid_at TEXT,
+        status TEXT NOT NULL CHECK (status IN ('queued','extracting','indexing','done','failed')),
+        error TEXT, created_at TEXT NOT NULL, updated_at TEXT NOT NULL);
+    CREATE INDEX documents_ns ON documents(ns, created_at);
+    CREATE TABLE chunks(
+        rowid INTEGER PRIMARY KEY, id TEXT UNIQUE NOT NULL, ns TEXT NOT NULL,
+        document_id TEXT NOT NULL REFERENCES documents(id) ON DELETE CASCADE,
+        seq INTEGER NOT NULL, content TEXT NOT NULL, tokens INTEGER NOT NULL,
+        embedding BLOB, indexed INTEGER NOT NULL DEFAULT 0, UNIQUE (document_id, seq));
+    CREATE TABLE memories(
+        rowid INTEGER PRIMARY KEY, id TEXT UNIQUE NOT NULL, ns TEXT NOT NULL, content TEXT NOT NULL,
+        valid_from TEXT NOT NULL, valid_to TEXT,         -- the world's time
+        recorded_at TEXT NOT NULL, expired_at TEXT,      -- smem's time
+        supersedes TEXT, forgotten_at TEXT,
+        origin TEXT NOT NULL CHECK (origin IN ('user','extracted')),
+        document_id TEXT, source_chunk_id TEXT, model TEXT, prompt_hash TEXT,
+        embedding BLOB, indexed INTEGER NOT NULL DEFAULT 0, metadata TEXT NOT NULL DEFAULT '{}');
+    CREATE INDEX memories_ns ON memories(ns, valid_from);
+    CREATE TABLE history(
+        id INTEGER PRIMARY KEY, ns TEXT NOT NULL, memory_id TEXT NOT NULL,
+        event TEXT NOT NULL, other_id TEXT, at TEXT NOT NULL, detail TEXT NOT NULL DEFAULT '{}');
+    CREATE INDEX history_memory ON history(memory_id);
+    CREATE TABLE jobs(
+        id INTEGER PRIMARY KEY, ns TEXT NOT NULL,
+        document_id TEXT NOT NULL REFERENCES documents(id) ON DELETE CASCADE,
+        stage TEXT NOT NULL, state TEXT NOT NULL CHECK (state IN ('queued','running','done','failed')),
+        attempts INTEGER NOT NULL DEFAULT 0, owner TEXT, run_after TEXT NOT NULL,
+        stages TEXT NOT NULL DEFAULT '{}', error TEXT, created_at TEXT NOT NULL, updated_at TEXT NOT NULL);
+    CREATE INDEX jobs_claim ON jobs(state, run_after);
+    CREATE TABLE tokens(
+        id TEXT PRIMARY KEY, hash TEXT UNIQUE NOT NULL, namespaces TEXT NOT NULL,
+        admin INTEGER NOT NULL DEFAULT 0, label TEXT, created_at TEXT NOT NULL, revoked_at TEXT);
+    CREATE TABLE leases(
+        id TEXT PRIMARY KEY, holder TEXT NOT NULL, nodes TEXT NOT NULL,
+        created_at TEXT NOT NULL, expires_at TEXT NOT NULL, released_at TEXT);
+    CREATE VIRTUAL TABLE chunks_fts USING fts5(content, ns UNINDEXED, tokenize='porter unicode61');
+    CREATE VIRTUAL TABLE memories_fts USING fts5(content, ns UNINDEXED, tokenize='porter unicode61');
+    """)
+    # Partition keys: a KNN query names one namespace and sqlite-vec scans only that partition.
+    for table in ("vec_chunks", "vec_memories"):
+        c.execute("CREATE VIRTUAL TABLE %s USING vec0(ns text partition key,"
+                  " embedding float[%d] distance_metric=cosine)" % (table, dim))
+
+
+def _m2(c: apsw.Connection, dim: int) -> None:
+    # customId is the caller's key: a second POST with it replaces the document.
+    c.execute("CREATE UNIQUE INDEX documents_custom_id ON documents(ns, custom_id) WHERE custom_id IS NOT NULL")
+
+
+MIGRATIONS = [_m1, _m2]
+VERSION = len(MIGRATIONS)
+
+
+def connect(path: str) -> apsw.Connection:
+    c = apsw.Connection(path)
+    c.enable_load_extension(True)
+    c.load_extension(sqlite_vec.loadable_path())
+    c.enable_load_extension(False)
+    c.set_busy_timeout(30_000)
+    c.execute("PRAGMA journal_mode=WAL")
+    c.execute("PRAGMA synchronous=NORMAL")
+    c.execute("PRAGMA foreign_keys=ON")
+    return c
+
+
+def schema_version(c: apsw.Connection) -> int:
+    if not c.execute("SELECT 1 FROM sqlite_master WHERE name='schema_version'").fetchall():
+        return 0
+    row = c.execute("SELECT max(version) FROM schema_version").fetchone()
+    return row[0] or 0
+
+
+def migrate(c: apsw.Connection, embedder_name: str, dim: int, upto: int = VERSION) -> int:
+    """Brings the file to version `upto`, one transaction per migration; returns the version."""
+    c.execute("BEGIN IMMEDIATE")
+    try:
+        c.execute("CREATE TABLE IF NOT EXISTS schema_version(version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)")
+        have = schema_version(c)
+        c.execute("COMMIT")
+    except BaseException:
+        c.execute("ROLLBACK")
+        raise
+    if have > VERSION:
+        raise SchemaError("the database is at schema version %d; this smem knows up to %d" % (have, VERSION))
+    for version in range(have + 1, upto + 1):
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            if schema_version(c) >= version:  # another process got there first
+                c.execute("ROLLBACK")
+                continue
+            MIGRATIONS[version - 1](c, dim)
+            if version == 1:
+                c.execute("INSERT INTO meta VALUES ('embedder', ?), ('dim', ?)", (embedder_name, str(dim)))
+            c.execute("INSERT INTO schema_version VALUES (?, ?)", (version, now()))
+            c.execute("COMMIT")
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+    meta = dict(c.execute("SELECT key, value FROM meta").fetchall())
+    if meta.get("embedder") != embedder_name or int(meta.get("dim", 0)) != dim:
+        raise SchemaError("the database's vectors come from %s (dim %s), but the embedder configured is %s (dim %d)"
+                          % (meta.get("embedder"), meta.get("dim"), embedder_name, dim))
+    return schema_version(c)
+
+
+class DB:
+    """One connection per thread onto one file; `tx()` is a write transaction taken up front."""
+
+    def __init__(self, path: str, embedder_name: str, dim: int):
+        self.path = path
+        self._local = threading.local()
+        self.version = migrate(self.conn, embedder_name, dim)
+
+    @property
+    def conn(self) -> apsw.Connection:
+        c = getattr(self._local, "conn", None)
+        if c is None:
+            c = self._local.conn = connect(self.path)
+        return c
+
+    def rows(self, sql: str, params=()) -> list[dict]:
+        cur = self.conn.execute(sql, params)
+        out = []
+        for row in cur:
+            names = [d[0] for d in cur.get_description()]
+            out.append(dict(zip(names, row, strict=True)))
+        return out
+
+    def one(self, sql: str, params=()) -> dict | None:
+        r = self.rows(sql, params)
+        return r[0] if r else None
+
+    def scalar(self, sql: str, params=()):
+        row = self.conn.execute(sql, params).fetchone()
+        return row[0] if row else None
+
+    @contextmanager
+    def tx(self):
+        c = self.conn
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            yield c
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+        c.execute("COMMIT")
+
+    def history(self, c, ns: str, memory_id: str, event: str, other_id: str | None = None, **detail) -> None:
+        c.execute("INSERT INTO history(ns, memory_id, event, other_id, at, detail) VALUES (?,?,?,?,?,?)",
+                  (ns, memory_id, event, other_id, now(), json.dumps(detail)))
+
+    def close(self) -> None:
+        c = getattr(self._local, "conn", None)
+        if c is not None:
+            c.close()
+            self._local.conn = None

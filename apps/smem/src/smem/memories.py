@@ -1,0 +1,105 @@
+"""Facts a caller brings, superseding, forgetting, the profile."""
+
+from __future__ import annotations
+
+import json
+
+from smem.db import DB, new_id, now, vec_blob
+from smem.embed import Embedder
+from smem.errors import Conflict, NotFound
+from smem.ingest import find_duplicate, index_memory
+from smem.search import FACT_AT
+from smem.text import normalise
+
+
+def public(m: dict) -> dict:
+    out = {"id": m["id"], "content": m["content"], "validFrom": m["valid_from"], "validTo": m["valid_to"],
+           "recordedAt": m["recorded_at"], "expiredAt": m["expired_at"], "supersedes": m["supersedes"],
+           "origin": m["origin"], "documentId": m["document_id"], "sourceChunkId": m["source_chunk_id"],
+           "model": m["model"], "promptHash": m["prompt_hash"]}
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def add(db: DB, embedder: Embedder, near: float, ns: str, content: str, *, valid_at: str | None,
+        supersedes: str | None, metadata: dict | None = None) -> dict:
+    vector = embedder.embed([content])[0]  # before the transaction: a failing embedder changes nothing
+    t = now()
+    valid_from = valid_at or t
+    with db.tx() as c:
+        if supersedes:
+            old = db.one("SELECT * FROM memories WHERE id=? AND ns=? AND forgotten_at IS NULL AND indexed=1",
+                         (supersedes, ns))
+            if old is None:
+                raise NotFound("no memory %s in this namespace" % supersedes)
+            if old["valid_to"] is not None:
+                raise Conflict("memory %s was already superseded or closed at %s" % (supersedes, old["valid_to"]))
+            if valid_from <= old["valid_from"]:
+                raise Conflict("validAt %s is not after the superseded fact's validFrom %s"
+                               % (valid_from, old["valid_from"]))
+        else:
+            same = find_duplicate(db, ns, content, vector, near)
+            if same:
+                db.history(c, ns, same, "duplicate", None, content=content)
+                return {**public(db.one("SELECT * FROM memories WHERE id=?", (same,))), "duplicate": True}
+        mem_id = new_id("mem")
+        c.execute("INSERT INTO memories(id, ns, content, valid_from, recorded_at, supersedes, origin, embedding,"
+                  " metadata) VALUES (?,?,?,?,?,?,'user',?,?)",
+                  (mem_id, ns, content, valid_from, t, supersedes, vec_blob(vector), json.dumps(metadata or {})))
+        row = db.one("SELECT rowid, id, content, embedding FROM memories WHERE id=?", (mem_id,))
+        index_memory(c, ns, row)
+        db.history(c, ns, mem_id, "created", supersedes)
+        if supersedes:
+            # The old fact stays, closed in the world's time and expired in smem's: asOf still finds it.
+            c.execute("UPDATE memories SET valid_to=?, expired_at=? WHERE id=?", (valid_from, t, supersedes))
+            db.history(c, ns, supersedes, "superseded", mem_id)
+    return public(db.one("SELECT * FROM memories WHERE id=?", (mem_id,)))
+
+
+def list_at(db: DB, ns: str, t: str | None, limit: int = 100) -> list[dict]:
+    rows = db.rows("SELECT m.* FROM memories m WHERE m.ns = :ns AND " + FACT_AT +
+                   " ORDER BY m.valid_from DESC LIMIT :n", {"ns": ns, "t": t or now(), "n": limit})
+    return [public(m) for m in rows]
+
+
+def history(db: DB, ns: str, memory_id: str) -> list[dict]:
+    return [{"event": h["event"], "otherId": h["other_id"], "at": h["at"], "detail": json.loads(h["detail"])}
+            for h in db.rows("SELECT * FROM history WHERE ns=? AND memory_id=? ORDER BY id", (ns, memory_id))]
+
+
+def forget(db: DB, ns: str, memory_id: str | None, content: str | None, dry_run: bool) -> dict:
+    with db.tx() as c:
+        live = db.rows("SELECT * FROM memories WHERE ns=? AND forgotten_at IS NULL AND indexed=1", (ns,))
+        if memory_id:
+            targets = [m for m in live if m["id"] == memory_id]
+            if not targets:
+                raise NotFound("no memory %s in this namespace" % memory_id)
+        else:
+            key = normalise(content)
+            targets = [m for m in live if normalise(m["content"]) == key]
+        if not dry_run:
+            t = now()
+            for m in targets:
+                # Out of both indexes: no search can reach it again; the row stays for the history.
+                c.execute("DELETE FROM memories_fts WHERE rowid=?", (m["rowid"],))
+                c.execute("DELETE FROM vec_memories WHERE rowid=?", (m["rowid"],))
+                c.execute("UPDATE memories SET forgotten_at=?, expired_at=coalesce(expired_at, ?) WHERE rowid=?",
+                          (t, t, m["rowid"]))
+                db.history(c, ns, m["id"], "forgotten", None)
+    return {"dryRun": dry_run, "forgotten": [public(m) for m in targets]}
+
+
+def profile(db: DB, ns: str) -> dict:
+    docs = dict(db.conn.execute("SELECT status, count(*) FROM documents WHERE ns=? GROUP BY status", (ns,)).fetchall())
+    return {
+        "namespace": ns,
+        "documents": docs,
+        "chunks": db.scalar("SELECT count(*) FROM chunks WHERE ns=? AND indexed=1", (ns,)),
+        "memories": {
+            "current": db.scalar("SELECT count(*) FROM memories WHERE ns=? AND indexed=1 AND valid_to IS NULL"
+                                 " AND forgotten_at IS NULL", (ns,)),
+            "superseded": db.scalar("SELECT count(*) FROM memories WHERE ns=? AND valid_to IS NOT NULL"
+                                    " AND forgotten_at IS NULL", (ns,)),
+            "forgotten": db.scalar("SELECT count(*) FROM memories WHERE ns=? AND forgotten_at IS NOT NULL", (ns,)),
+        },
+        "newestFacts": list_at(db, ns, None, limit=5),
+    }

@@ -1,0 +1,137 @@
+"""Search: BM25 (FTS5) and vectors (sqlite-vec), fused with Reciprocal Rank Fusion, packed into a token budget."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import numpy as np
+
+from smem.config import Settings
+from smem.db import DB, now, vec_blob
+from smem.embed import Embedder
+from smem.text import estimate_tokens
+
+MODES = ("hybrid", "memories", "chunks")
+
+# A fact is in force at t (the world's time) and not forgotten; smem never returns forgotten facts.
+FACT_AT = ("m.indexed = 1 AND m.forgotten_at IS NULL AND m.valid_from <= :t"
+           " AND (m.valid_to IS NULL OR m.valid_to > :t)")
+CHUNK_AT = "c.indexed = 1 AND d.created_at <= :t"
+
+
+# Function words only: OR-ed into the query they would let any sentence with "the" rank first.
+STOPWORDS = frozenset("""a an and are as at be by did do does for from had has have he her his how i in is it its
+me my near of on or our she so that the their them they this to was we were what when where which who whom why
+will with you your""".split())
+
+
+def fts_query(q: str) -> str | None:
+    """Every content word of the query as a quoted FTS5 term, OR-ed: BM25 ranks, no FTS syntax gets through."""
+    words = [w for w in re.findall(r"\w+", q) if w.lower() not in STOPWORDS] or re.findall(r"\w+", q)
+    return " OR ".join('"%s"' % w for w in words) if words else None
+
+
+def _bm25(db: DB, kind: str, match: str, params: dict, n: int) -> list[int]:
+    if kind == "chunk":
+        sql = ("SELECT c.rowid FROM chunks_fts f JOIN chunks c ON c.rowid = f.rowid JOIN documents d"
+               " ON d.id = c.document_id WHERE chunks_fts MATCH :q AND f.ns = :ns AND c.ns = :ns AND " + CHUNK_AT +
+               " ORDER BY bm25(chunks_fts) LIMIT :n")
+    else:
+        sql = ("SELECT m.rowid FROM memories_fts f JOIN memories m ON m.rowid = f.rowid"
+               " WHERE memories_fts MATCH :q AND f.ns = :ns AND m.ns = :ns AND " + FACT_AT +
+               " ORDER BY bm25(memories_fts) LIMIT :n")
+    return [r["rowid"] for r in db.rows(sql, {**params, "q": match, "n": n})]
+
+
+def _knn(db: DB, kind: str, qv: np.ndarray, params: dict, n: int) -> list[int]:
+    table = "vec_chunks" if kind == "chunk" else "vec_memories"
+    # KNN takes k nearest in the namespace's partition, then the time filter: ask for more than n.
+    hits = db.rows("SELECT rowid, distance FROM %s WHERE embedding MATCH :v AND k = :k AND ns = :ns" % table,
+                   {"v": vec_blob(qv), "k": n * 4, "ns": params["ns"]})
+    if not hits:
+        return []
+    if kind == "chunk":
+        sql = ("SELECT c.rowid FROM chunks c JOIN documents d ON d.id = c.document_id WHERE c.rowid = :r"
+               " AND c.ns = :ns AND " + CHUNK_AT)
+    else:
+        sql = "SELECT m.rowid FROM memories m WHERE m.rowid = :r AND m.ns = :ns AND " + FACT_AT
+    out = [h["rowid"] for h in hits if db.one(sql, {**params, "r": h["rowid"]})]
+    return out[:n]
+
+
+def search(db: DB, embedder: Embedder, settings: Settings, ns: str, q: str, *, mode: str = "hybrid",
+           limit: int | None = None, as_of: str | None = None, rerank: str = "none",
+           threshold: float | None = None, budget_tokens: int | None = None) -> dict:
+    t0 = time.perf_counter()
+    limit = limit or settings.default_limit
+    kinds = {"hybrid": ("memory", "chunk"), "memories": ("memory",), "chunks": ("chunk",)}[mode]
+    params = {"ns": ns, "t": as_of or now()}
+    degraded: list[str] = []
+    timing: dict[str, float] = {}
+    lists: list[list[tuple[str, int]]] = []
+
+    match = fts_query(q)
+    t = time.perf_counter()
+    if match:
+        for kind in kinds:
+            lists.append([(kind, r) for r in _bm25(db, kind, match, params, settings.candidates)])
+    timing["bm25Ms"] = round(1000 * (time.perf_counter() - t), 2)
+
+    t = time.perf_counter()
+    qv = None
+    try:
+        qv = embedder.embed([q])[0]
+    except Exception:  # any failure of the vector lane: answer from BM25 and say so
+        degraded.append("embedder")
+    if qv is not None:
+        for kind in kinds:
+            lists.append([(kind, r) for r in _knn(db, kind, qv, params, settings.candidates)])
+    timing["vectorMs"] = round(1000 * (time.perf_counter() - t), 2)
+
+    fused: dict[tuple[str, int], float] = {}
+    for ranked in lists:
+        for rank, key in enumerate(ranked, start=1):
+            fused[key] = fused.get(key, 0.0) + 1.0 / (settings.rrf_k + rank)
+
+    if rerank == "order":
+        degraded.append("reranker")  # not yet: no reranker lane in this slice
+
+    results, used = _pack(db, fused, qv, threshold, budget_tokens=budget_tokens, limit=limit)
+    timing["totalMs"] = round(1000 * (time.perf_counter() - t0), 2)
+    return {"results": results, "degraded": degraded, "timing": timing, "usedTokens": used}
+
+
+def _pack(db: DB, fused: dict, qv, threshold: float | None, *, budget_tokens: int | None, limit: int):
+    """Best first, each result whole or not at all, within budgetTokens (text.estimate_tokens)."""
+    results, used = [], 0
+    for (kind, rowid), score in sorted(fused.items(), key=lambda kv: -kv[1]):
+        item = _load(db, kind, rowid)
+        vec = item.pop("_vec")
+        if threshold is not None:
+            if qv is None:
+                break  # no similarity to compare; "embedder" is already in degraded
+            if float(np.frombuffer(vec, np.float32) @ qv) < threshold:
+                continue
+        tokens = item.pop("_tokens")
+        if budget_tokens is not None and used + tokens > budget_tokens:
+            continue
+        used += tokens
+        item["score"] = round(score, 6)
+        results.append(item)
+        if len(results) >= limit:
+            break
+    return results, used
+
+
+def _load(db: DB, kind: str, rowid: int) -> dict:
+    if kind == "chunk":
+        r = db.one("SELECT id, content, document_id, tokens, embedding FROM chunks WHERE rowid=?", (rowid,))
+        return {"id": r["id"], "kind": "chunk", "content": r["content"], "documentId": r["document_id"],
+                "_tokens": r["tokens"], "_vec": r["embedding"]}
+    r = db.one("SELECT id, content, document_id, valid_from, valid_to, embedding FROM memories WHERE rowid=?", (rowid,))
+    item = {"id": r["id"], "kind": "memory", "content": r["content"], "validFrom": r["valid_from"],
+            "validTo": r["valid_to"], "_tokens": estimate_tokens(r["content"]), "_vec": r["embedding"]}
+    if r["document_id"]:
+        item["documentId"] = r["document_id"]
+    return item

@@ -1,0 +1,100 @@
+"""Search: fusion, modes, time, forgetting, the token budget, degraded lanes."""
+
+from __future__ import annotations
+
+from smem.text import estimate_tokens
+
+DOCS = [
+    "The quarterly report says the Oslo office doubled its revenue.",
+    "Our cat Miso likes to sleep on the radiator in winter.",
+    "The VCA card's nodes boot over the PCIe virtual network.",
+    "Lunch on Fridays is pizza from the place on the corner.",
+]
+
+
+def test_hybrid_finds_by_keyword_and_by_meaning(svc):
+    for d in DOCS:
+        svc.ingest("alice", d)
+    svc.remember("alice", "Miso is a ginger cat.")
+    by_word = svc.search("alice", "radiator", mode="chunks")["results"]
+    assert "radiator" in by_word[0]["content"]
+    by_meaning = svc.search("alice", "which pet naps near the heater?")["results"]
+    assert {r["kind"] for r in by_meaning} == {"chunk", "memory"}
+    assert "Miso" in by_meaning[0]["content"]
+    memories_only = svc.search("alice", "Miso", mode="memories")["results"]
+    assert memories_only and {r["kind"] for r in memories_only} == {"memory"}
+
+
+def test_rrf_k_is_a_setting_and_scores_follow_it(make_service):
+    scores = {}
+    for k in (1, 60):
+        svc = make_service(rrf_k=k)
+        svc.ingest("alice", DOCS[1])
+        top = svc.search("alice", "Miso radiator", mode="chunks")["results"][0]
+        scores[k] = top["score"]
+        svc.db.close()
+        svc.path.unlink()
+    # First in both lists: 2 / (k + 1).
+    assert scores == {1: 1.0, 60: round(2 / 61, 6)}
+
+
+def test_budget_tokens_packs_whole_results_within_the_budget(svc):
+    for d in DOCS:
+        svc.ingest("alice", d)
+    budget = estimate_tokens(DOCS[0]) + estimate_tokens(DOCS[2])
+    out = svc.search("alice", "office revenue card nodes network", mode="chunks", budgetTokens=budget)
+    assert out["usedTokens"] <= budget
+    assert sum(estimate_tokens(r["content"]) for r in out["results"]) == out["usedTokens"]
+    assert len(out["results"]) < len(DOCS)
+    assert len(svc.search("alice", "office revenue card nodes network", mode="chunks")["results"]) == len(DOCS)
+
+
+def test_as_of_answers_with_the_fact_in_force_then(svc):
+    old = svc.remember("alice", "Ann lives in Oslo.", validAt="2020-01-01")
+    new = svc.remember("alice", "Ann lives in Bergen.", validAt="2023-06-01", supersedes=old["id"])
+    now_ids = [r["id"] for r in svc.search("alice", "where does Ann live", mode="memories")["results"]]
+    assert now_ids == [new["id"]]
+    then = svc.search("alice", "where does Ann live", mode="memories", asOf="2021-03-01")["results"]
+    assert [r["id"] for r in then] == [old["id"]]
+    assert then[0]["validTo"] == "2023-06-01T00:00:00.000000Z"
+    before_all = svc.search("alice", "where does Ann live", mode="memories", asOf="2019-01-01")["results"]
+    assert before_all == []
+
+
+def test_forgotten_fact_never_comes_back(svc):
+    m = svc.remember("alice", "The door code is 4321.")
+    svc.remember("alice", "The office plant is a fern.")
+    r = svc.call("POST", "/v5/ns/alice/forget", json={"id": m["id"]})
+    assert r.status_code == 200 and [f["id"] for f in r.json()["forgotten"]] == [m["id"]]
+    for mode in ("hybrid", "memories", "chunks"):
+        for q in ("door code", "The door code is 4321.", "4321"):
+            assert m["id"] not in [x["id"] for x in svc.search("alice", q, mode=mode)["results"]]
+            assert m["id"] not in [x["id"] for x in svc.search("alice", q, mode=mode, asOf="2000-01-01")["results"]]
+    assert m["id"] not in [x["id"] for x in svc.call("GET", "/v5/ns/alice/memories").json()["memories"]]
+    assert svc.db.scalar("SELECT count(*) FROM vec_memories WHERE rowid=(SELECT rowid FROM memories WHERE id=?)",
+                         (m["id"],)) == 0
+
+
+def test_vector_lane_down_is_said_not_hidden(svc):
+    for d in DOCS:
+        svc.ingest("alice", d)
+    svc.embedder.down = True
+    out = svc.search("alice", "radiator")
+    assert out["degraded"] == ["embedder"]
+    assert "radiator" in out["results"][0]["content"]          # BM25 still answers
+
+
+def test_rerank_order_without_a_reranker_is_degraded(svc):
+    svc.ingest("alice", DOCS[0])
+    assert svc.search("alice", "revenue", rerank="none")["degraded"] == []
+    out = svc.search("alice", "revenue", rerank="order")
+    assert out["degraded"] == ["reranker"] and out["results"]
+
+
+def test_threshold_drops_dissimilar_results(svc):
+    for d in DOCS:
+        svc.ingest("alice", d)
+    loose = svc.search("alice", "cat sleeping", mode="chunks", threshold=0.0)["results"]
+    strict = svc.search("alice", "cat sleeping", mode="chunks", threshold=0.4)["results"]
+    assert len(loose) == len(DOCS)
+    assert [r["content"] for r in strict] == [DOCS[1]]
