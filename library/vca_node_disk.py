@@ -111,6 +111,12 @@ previous_build_id:
   description: The build of the disk kept for rollback (or that would be kept, in check mode), if any.
   returned: always
   type: str
+host_public_key:
+  description:
+    - The SSH host key (type and key) in the disk's root file system afterwards, or empty when it holds none.
+    - After a rollback it is the key the node answers with once booted, which may be an older one than the store's.
+  returned: always
+  type: str
 rolled_back_from:
   description: The build the disk held before it was rolled back.
   returned: state=rolled_back
@@ -158,13 +164,14 @@ def main():
             before = disk.record()
             changed = disk.ensure(p["image"], p["build_id"], files, check=module.check_mode)
             prev = (before if changed and before else disk.previous()) or {}
-            module.exit_json(changed=changed, build_id=p["build_id"], previous_build_id=prev.get("build_id"))
+            module.exit_json(changed=changed, build_id=p["build_id"], previous_build_id=prev.get("build_id"),
+                             host_public_key="" if module.check_mode else disk.host_public_key())
         current = (disk.record() or {}).get("build_id")
         restored = disk.rollback(check=module.check_mode)
         if restored is None:
             module.fail_json(msg="%s: no previous disk to roll back to (it holds %s)" % (p["path"], current))
         module.exit_json(changed=True, build_id=restored.get("build_id"), previous_build_id=None,
-                         rolled_back_from=current)
+                         rolled_back_from=current, host_public_key="" if module.check_mode else disk.host_public_key())
     except (NodeImageError, OSError, ValueError) as exc:
         module.fail_json(msg="node disk %s: %s" % (p["path"], exc))
 

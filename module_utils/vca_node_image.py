@@ -383,9 +383,13 @@ class NodeDisk:
         if not os.path.isfile(image):
             raise NodeImageError("%s: no such image" % image)
         directory = os.path.dirname(self.path) or "."
-        os.makedirs(directory, exist_ok=True)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
         tmp = self.path + ".new"
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
         subprocess.run(["cp", "--sparse=always", "--reflink=auto", image, tmp], check=True)
+        # root only, before the overlay goes in: a node's disk holds its private host key
+        os.chmod(tmp, 0o600)
         try:
             write_files(tmp, files)
         except Exception:
@@ -399,6 +403,16 @@ class NodeDisk:
             json.dump(want, fh, indent=1, sort_keys=True)
         os.replace(self.record_path + ".tmp", self.record_path)
         return True
+
+    def host_public_key(self):
+        """The SSH host key the disk's root file system holds (the one the node answers with), or ''."""
+        if not os.path.exists(self.path):
+            return ""
+        target = "%s?offset=%d" % (self.path, root_partition_offset(self.path))
+        done = subprocess.run(["debugfs", "-R", "cat /etc/ssh/ssh_host_ed25519_key.pub", target],
+                              capture_output=True, text=True, check=False, env=dict(os.environ, LC_ALL="C"))
+        fields = done.stdout.split()
+        return " ".join(fields[:2]) if len(fields) >= 2 and fields[0].startswith("ssh-") else ""
 
     def rollback(self, check=False):
         """Put the kept disk back; returns its record, or None when there is none to go back to."""

@@ -345,6 +345,7 @@ def test_the_overlay_cpio_command_writes_the_archive_and_refuses_a_bad_spec(tmp_
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1767225600")
     assert cli.main(["overlay-cpio", str(tmp_path / "spec.json"), str(tmp_path / "o.cpio")]) == 0
     assert (tmp_path / "o.cpio").read_bytes() == newc.archive(spec(tmp_path), mtime=1767225600)
+    assert (tmp_path / "o.cpio").stat().st_mode & 0o777 == 0o600       # it holds a private host key
     assert "(6 entries, newc)" in capsys.readouterr().out
     (tmp_path / "bad.json").write_text(json.dumps({"/root/.ssh": {"state": "directory", "owner": "root"}}))
     assert cli.main(["overlay-cpio", str(tmp_path / "bad.json"), str(tmp_path / "bad.cpio")]) == 1

@@ -578,3 +578,34 @@ def test_a_disk_that_cannot_be_written_is_left_as_it_was_and_booted(tmp_path, tw
     assert rollout.calls() == [f"shutdown vca-node0 disk={one}", f"shutdown vca-node0 disk={one}",
                                f"boot vca-node0 disk={one}"]
     assert rollout.disk.record()["build_id"] == one
+
+
+def test_a_node_disk_is_root_only_and_tells_its_host_key(tmp_path, two_builds):
+    (src1, r1), _ = two_builds
+    rollout = Rollout(tmp_path)
+    rollout.already_runs(src1 / "tiny.img", r1["build_id"])
+    assert oct(os.stat(rollout.disk.path).st_mode & 0o777) == "0o600"      # it holds the private host key
+    assert oct(os.stat(os.path.dirname(rollout.disk.path)).st_mode & 0o777) in ("0o700", "0o755")
+    stored = (rollout.host_keys / "vca-node0/ssh_host_ed25519_key.pub").read_text().split()[:2]
+    assert rollout.disk.host_public_key() == " ".join(stored)
+    assert NodeDisk(str(tmp_path / "none.img")).host_public_key() == ""
+
+
+def test_a_rollback_to_a_disk_with_another_host_key_puts_that_key_in_known_hosts(tmp_path, two_builds):
+    (src1, r1), (src2, r2) = two_builds
+    one, two = r1["build_id"], r2["build_id"]
+    rollout = Rollout(tmp_path)
+    rollout.already_runs(src1 / "tiny.img", one)
+    old = (rollout.host_keys / "vca-node0/ssh_host_ed25519_key.pub").read_text().split()[:2]
+    # the store loses the key (or the running disk predates it): the new disk gets a new one
+    for name in ("ssh_host_ed25519_key", "ssh_host_ed25519_key.pub"):
+        (rollout.host_keys / "vca-node0" / name).unlink()
+    failing = {"platform": "lab", "results": [{"name": "root fs", "status": "fail", "detail": "full"}]}
+    rc, out, _ = rollout.run(src2 / "tiny.img", two, verify=failing)
+    assert rc != 0 and f"Rolled back to build {one} and booted it" in out, out[-3000:]
+    new = (rollout.host_keys / "vca-node0/ssh_host_ed25519_key.pub").read_text().split()[:2]
+    assert new != old
+    known = (rollout.dir / "known_hosts").read_text()
+    # the node answers with the key of the disk it was rolled back to, and that is the one expected
+    assert "vca-node0 %s" % " ".join(old) in known and " ".join(new) not in known, known
+

@@ -173,7 +173,11 @@ def overlay_cpio(spec_path, out):
     except (OSError, ValueError, newc.OverlayError) as exc:
         print("vca-image: overlay-cpio: %s: %s" % (spec_path, exc), file=sys.stderr)
         return 1
-    Path(out).write_bytes(data)
+    # 0600: the overlay holds the node's private host key
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
     print("%s  %s (%d entries, newc)" % (builder.sha256(out), out, len(spec)))
     return 0
 

@@ -25,7 +25,10 @@ def log(msg: str) -> None:
 
 def install(src: Path, dest: Path, mode: int, uid: int = 0, gid: int = 0) -> None:
     tmp = dest.with_name(f".{dest.name}.vcasim")
-    shutil.copyfile(src, tmp)
+    tmp.unlink(missing_ok=True)
+    # made with its mode: a private key is never readable by others, not even for a moment
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "wb") as out, open(src, "rb") as fh:
+        shutil.copyfileobj(fh, out)
     os.chown(tmp, uid, gid)
     os.chmod(tmp, mode)
     os.replace(tmp, dest)
