@@ -307,6 +307,15 @@ def kernel_cmdline(profile):
             .replace("{fs_uuid}", profile["image"]["fs_uuid"]))
 
 
+# Both menus: boot the one entry at once, vca_cmdline_extra from CMDLINE_ENV beside grub.cfg where it is.
+GRUB_PREAMBLE = ("set timeout=0\n"
+                 "set default=0\n"
+                 "set vca_cmdline_extra=\n"
+                 "if [ -f ${prefix}/%(envname)s ]; then\n"
+                 "    load_env --file ${prefix}/%(envname)s vca_cmdline_extra\n"
+                 "fi\n" % {"envname": CMDLINE_ENV.rsplit("/", 1)[1]})
+
+
 def grub_cfg(profile):
     """The ESP's menu: the root file system found by its fixed UUID, the kernel and initramfs
     loaded from it, and vca_cmdline_extra (from CMDLINE_ENV on the ESP, where one is) appended."""
@@ -314,12 +323,7 @@ def grub_cfg(profile):
         "# vca-image %(name)s: boot the root file system on partition 2 (ext4, UUID %(uuid)s).\n"
         "# The kernel command line is the profile's boot.cmdline; vca_cmdline_extra, from the\n"
         "# GRUB environment block %(env)s where there is one, is appended to it.\n"
-        "set timeout=0\n"
-        "set default=0\n"
-        "set vca_cmdline_extra=\n"
-        "if [ -f ${prefix}/%(envname)s ]; then\n"
-        "    load_env --file ${prefix}/%(envname)s vca_cmdline_extra\n"
-        "fi\n"
+        "%(preamble)s"
         "if ! search --no-floppy --fs-uuid --set=root %(uuid)s; then\n"
         "    echo \"vca-image: no file system with UUID %(uuid)s (the root, partition 2)\"\n"
         "fi\n"
@@ -327,7 +331,7 @@ def grub_cfg(profile):
         "    linux /boot/vmlinuz %(cmdline)s ${vca_cmdline_extra}\n"
         "    initrd /boot/initrd.img\n"
         "}\n" % {"name": profile["name"], "uuid": profile["image"]["fs_uuid"], "env": "/" + CMDLINE_ENV,
-                  "envname": CMDLINE_ENV.rsplit("/", 1)[1], "cmdline": kernel_cmdline(profile)})
+                  "preamble": GRUB_PREAMBLE, "cmdline": kernel_cmdline(profile)})
 
 
 # The arguments that name or mount a root device: a volatile boot has none.
@@ -376,12 +380,7 @@ def volatile_grub_cfg(profile, cmdline):
         "# from the GRUB environment block %(env)s where there is one, is appended.\n"
         "# /%(overlay)s, where there is one, is the node's own files (a newc cpio): unpacked after\n"
         "# the root, over it.\n"
-        "set timeout=0\n"
-        "set default=0\n"
-        "set vca_cmdline_extra=\n"
-        "if [ -f ${prefix}/%(envname)s ]; then\n"
-        "    load_env --file ${prefix}/%(envname)s vca_cmdline_extra\n"
-        "fi\n"
+        "%(preamble)s"
         "set vca_overlay=\n"
         "if [ -f /%(overlay)s ]; then\n"
         "    set vca_overlay=/%(overlay)s\n"
@@ -389,7 +388,7 @@ def volatile_grub_cfg(profile, cmdline):
         "menuentry \"%(name)s (volatile)\" {\n"
         "    linux /%(kernel)s %(cmdline)s ${vca_cmdline_extra}\n"
         "    initrd /%(initrd)s ${vca_overlay}\n"
-        "}\n" % {"name": profile["name"], "env": "/" + CMDLINE_ENV, "envname": CMDLINE_ENV.rsplit("/", 1)[1],
+        "}\n" % {"name": profile["name"], "env": "/" + CMDLINE_ENV, "preamble": GRUB_PREAMBLE,
                   "overlay": VOLATILE_OVERLAY, "kernel": VOLATILE_KERNEL, "initrd": VOLATILE_INITRD,
                   "cmdline": cmdline})
 
