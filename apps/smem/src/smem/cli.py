@@ -1,14 +1,15 @@
-"""smem serve | smem token create."""
+"""smem serve | smem token create | smem mcp."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 import uvicorn
 
-from smem import __version__, auth, config
+from smem import __version__, auth, config, mcp_server
 from smem.service import Busy, build, open_db, take_lock
 
 PUBLIC = ("0.0.0.0", "::", "")
@@ -53,6 +54,22 @@ def token_create(args) -> int:
     return 0
 
 
+def mcp(args) -> int:
+    token = args.token or os.environ.get("SMEM_TOKEN")
+    if not token:
+        print("smem: give --token or set SMEM_TOKEN", file=sys.stderr)
+        return 2
+    try:
+        settings = config.load(args.config)
+        # No take_lock and no workers: `smem serve` may own this file's queue beside us.
+        app, pipeline = build(args.db, settings, start_workers=False)
+    except (OSError, ValueError) as e:
+        print("smem: %s" % e, file=sys.stderr)
+        return 2
+    return mcp_server.run_stdio(pipeline, settings, token, embedder=app.state.search_embedder,
+                                reranker=app.state.reranker)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="smem", description="Local agent memory (Supermemory-v5 shaped).")
     ap.add_argument("--version", action="version", version=__version__)
@@ -71,6 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     tc.add_argument("--label")
     tc.add_argument("--config")
     tc.set_defaults(func=token_create)
+    m = sub.add_parser("mcp", help="serve the MCP tools over stdio (documents added wait for smem serve's workers)")
+    m.add_argument("--db", required=True)
+    m.add_argument("--token", help="an API token (default: env SMEM_TOKEN)")
+    m.add_argument("--config")
+    m.set_defaults(func=mcp)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     return args.func(args)

@@ -5,6 +5,10 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, field, fields
 
+ROLES = ("embed", "chat", "rerank")
+LANES = {"interactive": {"concurrency": 2, "timeout_s": 10.0},   # search: query embeddings, rerank
+         "background": {"concurrency": 1, "timeout_s": 120.0}}   # ingest: embeddings, extraction, judge
+
 
 @dataclass
 class Settings:
@@ -20,23 +24,91 @@ class Settings:
     job_max_attempts: int = 3
     retry_backoff_s: float = 2.0          # a failed stage waits retry_backoff_s * 2**attempts (at most 60 s)
     poll_interval_s: float = 0.5
+    lease_wait_s: float = 5.0             # a job whose lane is all leased away looks again after this
     allow_public_listen: bool = False     # listening on 0.0.0.0 / :: needs this, explicitly
-    embedder: dict = field(default_factory=lambda: {"kind": "local"})
-    llm: dict | None = None               # not yet: extraction through llama-server's json_schema
-    reranker: dict | None = None          # not yet
+    embedder: dict = field(default_factory=lambda: {"kind": "local"})   # without [lanes]
+    models: dict | None = None            # [models] embed/chat/rerank: names (and the embedding dim)
+    lanes: dict | None = None             # [lanes.interactive], [lanes.background]: nodes serving the models
+    down_s: float = 15.0                  # a node whose call failed is skipped this long
+    llm_retries: int = 2                  # an LLM answer that fails validation is asked for again, this often
+    llm_max_tokens: int = 512             # per extraction or judge answer
+    judge_candidates: int = 5             # the nearest current facts the judge shows the LLM
+    judge_close: float = 0.6              # cosine at or above which a current fact is a candidate
+    rerank_top_k: int = 20                # only the fused top k go to the reranker
+    rerank_budget_ms: float = 800.0       # over it, search answers unreranked ("reranker" in degraded)
     test_chunk_sleep_s: float = 0.0       # tests only: each chunk's embedding waits this long
+
+    def __post_init__(self):
+        validate(self)
+
+    def model(self, role: str) -> dict | None:
+        return (self.models or {}).get(role)
+
+    def lane(self, name: str) -> dict:
+        """A lane's table with its defaults filled in ({"nodes": {}} when the lane is absent)."""
+        return {**LANES[name], "nodes": {}, **(self.lanes or {}).get(name, {})}
+
+
+def _keys(where: str, table, known) -> None:
+    if not isinstance(table, dict):
+        raise ValueError("%s: expected a table, got %r" % (where, table))
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        raise ValueError("%s: unknown key %s (known: %s)" % (where, ", ".join(unknown), ", ".join(sorted(known))))
+
+
+def validate(s: Settings) -> None:
+    if s.models is not None:
+        _keys("models", s.models, ROLES)
+        for role, m in s.models.items():
+            _keys("models.%s" % role, m, ("name", "dim") if role == "embed" else ("name",))
+            if not isinstance(m.get("name"), str) or not m["name"]:
+                raise ValueError("models.%s: name is required" % role)
+    if s.lanes is None:
+        if s.models:
+            raise ValueError("models: needs [lanes] (the nodes that serve them)")
+        return
+    _keys("lanes", s.lanes, LANES)
+    embed = s.model("embed")
+    if embed is None:
+        raise ValueError("lanes: [models].embed is required with [lanes]")
+    if not isinstance(embed.get("dim"), int) or embed["dim"] < 1:
+        raise ValueError("models.embed: dim (a positive integer) is required")
+    if s.embedder.get("kind", "local") != "local":
+        raise ValueError("embedder: with [lanes] the embedder is [models].embed on the lanes; remove [embedder]")
+    for name in s.lanes:
+        _validate_lane(s, name)
+
+
+def _validate_lane(s: Settings, name: str) -> None:
+    lane = s.lane(name)
+    _keys("lanes.%s" % name, lane, ("concurrency", "timeout_s", "nodes"))
+    if not isinstance(lane["concurrency"], int) or lane["concurrency"] < 1:
+        raise ValueError("lanes.%s.concurrency: a positive integer" % name)
+    if not isinstance(lane["timeout_s"], int | float) or lane["timeout_s"] <= 0:
+        raise ValueError("lanes.%s.timeout_s: a positive number of seconds" % name)
+    if not isinstance(lane["nodes"], dict):
+        raise ValueError("lanes.%s.nodes: expected a table of node = {role = URL}" % name)
+    for node, roles in lane["nodes"].items():
+        where = "lanes.%s.nodes.%s" % (name, node)
+        _keys(where, roles, ROLES)
+        for role, url in roles.items():
+            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+                raise ValueError("%s.%s: an http:// URL, got %r" % (where, role, url))
+            if s.model(role) is None:
+                raise ValueError("%s: serves %s, but [models] has no %s" % (where, role, role))
 
 
 def load(path: str | None) -> Settings:
-    s = Settings()
     if not path:
-        return s
+        return Settings()
     with open(path, "rb") as f:
         data = tomllib.load(f)
     known = {f.name for f in fields(Settings)}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ValueError("%s: unknown settings %s" % (path, ", ".join(unknown)))
-    for k, v in data.items():
-        setattr(s, k, v)
-    return s
+    try:
+        return Settings(**data)
+    except ValueError as e:
+        raise ValueError("%s: %s" % (path, e)) from None

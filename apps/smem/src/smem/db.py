@@ -95,7 +95,12 @@ def _m2(c: apsw.Connection, dim: int) -> None:
     c.execute("CREATE UNIQUE INDEX documents_custom_id ON documents(ns, custom_id) WHERE custom_id IS NOT NULL")
 
 
-MIGRATIONS = [_m1, _m2]
+def _m3(c: apsw.Connection, dim: int) -> None:
+    # The judge's "extends": the fact this one adds detail to (both stay current).
+    c.execute("ALTER TABLE memories ADD COLUMN extends TEXT")
+
+
+MIGRATIONS = [_m1, _m2, _m3]
 VERSION = len(MIGRATIONS)
 
 

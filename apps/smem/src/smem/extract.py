@@ -1,4 +1,4 @@
-"""Fact extraction: the interface a json_schema chat client (llama-server) plugs into later.
+"""Fact extraction: the interface (smem.llm.LLMExtractor is the chat model behind it).
 
 With no LLM configured the pipeline records the extract stage as skipped."""
 

@@ -18,7 +18,8 @@ import numpy as np
 from smem.config import Settings
 from smem.db import DB, TIME_FMT, new_id, now, vec_blob
 from smem.embed import Embedder
-from smem.extract import Extractor
+from smem.extract import ExtractionError, Extractor
+from smem.lanes import NoNode
 from smem.text import chunk, estimate_tokens, normalise
 
 log = logging.getLogger("smem.ingest")
@@ -30,16 +31,27 @@ class Lost(Exception):
     """The job was taken from this worker (document deleted or replaced): drop it."""
 
 
+class FinalFailure(Exception):
+    """The stage failed for good (the LLM's answers failed validation): no more attempts.
+    `result` is recorded as the stage's entry in the job's stages."""
+
+    def __init__(self, reason: str, result: dict):
+        super().__init__(reason)
+        self.result = result
+
+
 def _later(seconds: float) -> str:
     return (datetime.now(UTC) + timedelta(seconds=seconds)).strftime(TIME_FMT)
 
 
 class Pipeline:
-    def __init__(self, db: DB, embedder: Embedder, settings: Settings, extractor: Extractor | None = None):
+    def __init__(self, db: DB, embedder: Embedder, settings: Settings, extractor: Extractor | None = None,
+                 judge=None):
         self.db = db
         self.embedder = embedder
         self.settings = settings
         self.extractor = extractor
+        self.judge = judge  # smem.llm.LLMJudge; None: the judge is the duplicate check only
         self.wake = threading.Event()
 
     # -- the queue -------------------------------------------------------------------------
@@ -93,6 +105,15 @@ class Pipeline:
                 getattr(self, "_stage_" + job["stage"])(job)
         except Lost:
             log.info("job %s: taken away, dropped", job["id"])
+        except NoNode as e:
+            if not e.leased_only:
+                log.warning("job %s stage %s: %s", job["id"], job["stage"], e)
+                self._failed_attempt(job, "%s: %s" % (job["stage"], e))
+            else:   # the render farm has the lane's nodes: wait for them, no attempt spent
+                self._wait(job, "%s: %s" % (job["stage"], e))
+        except FinalFailure as e:
+            log.warning("job %s stage %s: %s", job["id"], job["stage"], e)
+            self._failed_attempt(job, "%s: %s" % (job["stage"], e), final=True, result=e.result)
         except Exception as e:  # any stage error: retry, bounded, then fail with the reason
             log.warning("job %s stage %s: %s", job["id"], job["stage"], e)
             self._failed_attempt(job, "%s: %s" % (job["stage"], e))
@@ -111,23 +132,37 @@ class Pipeline:
             c.execute("UPDATE documents SET status=?, updated_at=? WHERE id=?", (status, now(), job["document_id"]))
         job["stage"] = nxt
 
-    def _failed_attempt(self, job: dict, reason: str) -> None:
+    def _failed_attempt(self, job: dict, reason: str, final: bool = False, result: dict | None = None) -> None:
         with self.db.tx() as c:
             row = self.db.one("SELECT attempts, owner, stages FROM jobs WHERE id=?", (job["id"],))
             if row is None or row["owner"] != job["owner"]:
                 return
             attempts = row["attempts"] + 1
             stages = json.loads(row["stages"])
+            if result is not None:
+                stages[job["stage"]] = result
             stages.setdefault("errors", []).append({"stage": job["stage"], "error": reason, "at": now()})
-            if attempts >= self.settings.job_max_attempts:
+            if final or attempts >= self.settings.job_max_attempts:
                 c.execute("UPDATE jobs SET state='failed', attempts=?, error=?, stages=?, owner=NULL, updated_at=?"
                           " WHERE id=?", (attempts, reason, json.dumps(stages), now(), job["id"]))
                 c.execute("UPDATE documents SET status='failed', error=?, updated_at=? WHERE id=?",
                           (reason, now(), job["document_id"]))
+                # Facts of a failed document never reach the indexes, not even those of chunks that went well.
+                c.execute("DELETE FROM memories WHERE document_id=? AND indexed=0", (job["document_id"],))
             else:
                 wait = min(self.settings.retry_backoff_s * 2 ** attempts, 60)
                 c.execute("UPDATE jobs SET state='queued', attempts=?, stages=?, owner=NULL, run_after=?, updated_at=?"
                           " WHERE id=?", (attempts, json.dumps(stages), _later(wait), now(), job["id"]))
+
+    def _wait(self, job: dict, reason: str) -> None:
+        with self.db.tx() as c:
+            row = self.db.one("SELECT owner, stages FROM jobs WHERE id=?", (job["id"],))
+            if row is None or row["owner"] != job["owner"]:
+                return
+            stages = json.loads(row["stages"])
+            stages["waiting"] = {"stage": job["stage"], "reason": reason, "at": now()}
+            c.execute("UPDATE jobs SET state='queued', stages=?, owner=NULL, run_after=?, updated_at=? WHERE id=?",
+                      (json.dumps(stages), _later(self.settings.lease_wait_s), now(), job["id"]))
 
     def _drop_index(self, c, doc_id: str) -> None:
         for (rowid,) in c.execute("SELECT rowid FROM chunks WHERE document_id=? AND indexed=1", (doc_id,)).fetchall():
@@ -141,6 +176,7 @@ class Pipeline:
         with self.db.tx() as c:
             stages = self._mine(c, job)
             self._drop_index(c, job["document_id"])
+            c.execute("DELETE FROM memories WHERE document_id=? AND indexed=0", (job["document_id"],))
             c.execute("DELETE FROM chunks WHERE document_id=?", (job["document_id"],))
             for seq, text in enumerate(pieces):
                 c.execute("INSERT INTO chunks(id, ns, document_id, seq, content, tokens) VALUES (?,?,?,?,?,?)",
@@ -174,40 +210,88 @@ class Pipeline:
             return
         doc = self.db.one("SELECT valid_at FROM documents WHERE id=?", (job["document_id"],))
         chunks = self.db.rows("SELECT id, content FROM chunks WHERE document_id=? ORDER BY seq", (job["document_id"],))
-        facts = [(ch["id"], f) for ch in chunks
-                 for f in self.extractor.extract(ch["content"], {"ns": job["ns"], "documentId": job["document_id"]})]
-        vectors = self.embedder.embed([f.content for _, f in facts]) if facts else []
-        t = now()
+        # Chunk by chunk, each chunk's facts committed with the progress: a retry or a restart goes on from there.
+        progress = json.loads(self.db.scalar("SELECT stages FROM jobs WHERE id=?", (job["id"],))).get("extract", {})
+        if progress.get("state") != "partial":
+            progress = {"state": "partial", "chunks": len(chunks), "chunksDone": 0, "facts": 0,
+                        "model": self.extractor.model}
+        for ch in chunks[progress["chunksDone"]:]:
+            try:
+                facts = self.extractor.extract(ch["content"], {"ns": job["ns"], "documentId": job["document_id"]})
+            except ExtractionError as e:
+                raise FinalFailure(str(e), {**progress, "state": "failed", "failedChunk": ch["id"],
+                                            "reason": str(e)}) from e
+            vectors = self.embedder.embed([f.content for f in facts]) if facts else []
+            t = now()
+            with self.db.tx() as c:
+                stages = self._mine(c, job)
+                for f, v in zip(facts, vectors, strict=True):
+                    c.execute("INSERT INTO memories(id, ns, content, valid_from, recorded_at, origin, document_id,"
+                              " source_chunk_id, model, prompt_hash, embedding)"
+                              " VALUES (?,?,?,?,?,'extracted',?,?,?,?,?)",
+                              (new_id("mem"), job["ns"], f.content, f.valid_at or (doc and doc["valid_at"]) or t, t,
+                               job["document_id"], ch["id"], self.extractor.model, self.extractor.prompt_hash,
+                               vec_blob(v)))
+                progress = {**progress, "chunksDone": progress["chunksDone"] + 1,
+                            "facts": progress["facts"] + len(facts)}
+                stages["extract"] = progress
+                c.execute("UPDATE jobs SET stages=?, updated_at=? WHERE id=?", (json.dumps(stages), t, job["id"]))
         with self.db.tx() as c:
             stages = self._mine(c, job)
-            c.execute("DELETE FROM memories WHERE document_id=? AND indexed=0", (job["document_id"],))
-            for (chunk_id, f), v in zip(facts, vectors, strict=True):
-                c.execute("INSERT INTO memories(id, ns, content, valid_from, recorded_at, origin, document_id,"
-                          " source_chunk_id, model, prompt_hash, embedding) VALUES (?,?,?,?,?,'extracted',?,?,?,?,?)",
-                          (new_id("mem"), job["ns"], f.content, f.valid_at or (doc and doc["valid_at"]) or t, t,
-                           job["document_id"], chunk_id, self.extractor.model, self.extractor.prompt_hash,
-                           vec_blob(v)))
-            self._advance(c, job, stages, "extract", {"state": "done", "facts": len(facts),
+            self._advance(c, job, stages, "extract", {"state": "done", "facts": progress["facts"],
                                                       "model": self.extractor.model}, nxt="judge")
 
+    def _decide(self, ns: str, m: dict) -> dict:
+        """How a pending fact relates to the namespace's current facts; the LLM only where some are close."""
+        vector = np.frombuffer(m["embedding"], np.float32)
+        same = find_duplicate(self.db, ns, m["content"], vector, self.settings.near_duplicate)
+        if same:
+            return {"decision": "duplicate", "target": same}
+        if self.judge is None:
+            return {"decision": "new", "target": None}
+        close = nearest_current(self.db, ns, vector, self.settings.judge_candidates, self.settings.judge_close)
+        if not close:
+            return {"decision": "new", "target": None}
+        try:
+            return self.judge.decide(m["content"], close)
+        except ExtractionError as e:
+            raise FinalFailure(str(e), {"state": "failed", "memory": m["id"], "reason": str(e)}) from e
+
     def _stage_judge(self, job: dict) -> None:
+        stages = json.loads(self.db.scalar("SELECT stages FROM jobs WHERE id=?", (job["id"],)))
+        pending = self.db.rows("SELECT id, content, embedding, valid_from FROM memories WHERE document_id=?"
+                               " AND indexed=0 ORDER BY rowid", (job["document_id"],))
+        skipped = stages.get("extract", {}).get("state") == "skipped"
+        # The LLM is asked outside the write transaction; the transaction checks the targets are still current.
+        decisions = [] if skipped else [(m, self._decide(job["ns"], m)) for m in pending]
         with self.db.tx() as c:
             stages = self._mine(c, job)
-            pending = self.db.rows("SELECT id, content, embedding FROM memories WHERE document_id=? AND indexed=0",
-                                   (job["document_id"],))
-            if stages.get("extract", {}).get("state") == "skipped":
+            if skipped:
                 result = {"state": "skipped", "reason": "nothing extracted"}
             else:
-                dup = 0
-                for m in pending:
-                    same = find_duplicate(self.db, job["ns"], m["content"], np.frombuffer(m["embedding"], np.float32),
-                                          self.settings.near_duplicate)
-                    if same:
+                n = dict.fromkeys(("new", "duplicate", *(("supersedes", "extends") if self.judge else ())), 0)
+                closing = set()
+                for m, d in decisions:
+                    kind, target = d["decision"], d["target"]
+                    old = target and self.db.one("SELECT valid_from FROM memories WHERE id=? AND indexed=1 AND"
+                                                 " valid_to IS NULL AND forgotten_at IS NULL", (target,))
+                    if kind != "new" and not old:
+                        kind = "new"  # the target was closed or forgotten meanwhile
+                    # A fact closes another only if it is later, and only one fact of the document closes it.
+                    if kind == "supersedes" and (m["valid_from"] <= old["valid_from"] or target in closing):
+                        kind = "new"
+                    if kind == "supersedes":
+                        closing.add(target)
+                    if kind == "duplicate":
                         c.execute("DELETE FROM memories WHERE id=?", (m["id"],))
-                        self.db.history(c, job["ns"], same, "duplicate", None, documentId=job["document_id"],
+                        self.db.history(c, job["ns"], target, "duplicate", None, documentId=job["document_id"],
                                         content=m["content"])
-                        dup += 1
-                result = {"state": "done", "new": len(pending) - dup, "duplicate": dup}
+                    elif kind in ("supersedes", "extends"):
+                        c.execute("UPDATE memories SET %s=? WHERE id=?" % kind, (target, m["id"]))
+                    n[kind] += 1
+                result = {"state": "done", **n}
+                if self.judge:
+                    result.update(model=self.judge.model, promptHash=self.judge.prompt_hash)
             self._advance(c, job, stages, "judge", result, nxt="index", status="indexing")
 
     def _stage_index(self, job: dict) -> None:
@@ -220,10 +304,19 @@ class Pipeline:
                 c.execute("INSERT INTO vec_chunks(rowid, ns, embedding) VALUES (?,?,?)",
                           (r["rowid"], job["ns"], r["embedding"]))
             c.execute("UPDATE chunks SET indexed=1 WHERE document_id=?", (job["document_id"],))
-            for m in self.db.rows("SELECT rowid, id, content, embedding FROM memories WHERE document_id=?"
-                                  " AND indexed=0", (job["document_id"],)):
+            for m in self.db.rows("SELECT rowid, id, content, embedding, valid_from, supersedes, extends"
+                                  " FROM memories WHERE document_id=? AND indexed=0", (job["document_id"],)):
                 index_memory(c, job["ns"], m)
-                self.db.history(c, job["ns"], m["id"], "created", None, documentId=job["document_id"])
+                self.db.history(c, job["ns"], m["id"], "created", m["supersedes"] or m["extends"],
+                                documentId=job["document_id"])
+                if m["supersedes"]:
+                    # As a caller's supersedes: the old fact is closed in the world's time, expired in smem's.
+                    c.execute("UPDATE memories SET valid_to=?, expired_at=? WHERE id=? AND valid_to IS NULL",
+                              (m["valid_from"], now(), m["supersedes"]))
+                    if c.changes():
+                        self.db.history(c, job["ns"], m["supersedes"], "superseded", m["id"])
+                if m["extends"]:
+                    self.db.history(c, job["ns"], m["extends"], "extended", m["id"])
             self._advance(c, job, stages, "index", {"state": "done"}, nxt="done", status="done")
             c.execute("UPDATE jobs SET state='done', owner=NULL WHERE id=?", (job["id"],))
 
@@ -250,6 +343,20 @@ def find_duplicate(db: DB, ns: str, content: str, vector: np.ndarray, near: floa
         if m:
             return m["id"]
     return None
+
+
+def nearest_current(db: DB, ns: str, vector: np.ndarray, k: int, close: float) -> list[dict]:
+    """Up to k current facts of the namespace with cosine >= close to vector, nearest first."""
+    out = []
+    for hit in db.rows("SELECT rowid, distance FROM vec_memories WHERE embedding MATCH ? AND k = ? AND ns = ?",
+                       (vec_blob(vector), 4 * k, ns)):
+        if 1 - hit["distance"] < close or len(out) >= k:
+            break
+        m = db.one("SELECT id, content FROM memories WHERE rowid=? AND valid_to IS NULL AND forgotten_at IS NULL",
+                   (hit["rowid"],))
+        if m:
+            out.append(m)
+    return out
 
 
 class Worker(threading.Thread):

@@ -15,8 +15,8 @@ from smem.text import normalise
 def public(m: dict) -> dict:
     out = {"id": m["id"], "content": m["content"], "validFrom": m["valid_from"], "validTo": m["valid_to"],
            "recordedAt": m["recorded_at"], "expiredAt": m["expired_at"], "supersedes": m["supersedes"],
-           "origin": m["origin"], "documentId": m["document_id"], "sourceChunkId": m["source_chunk_id"],
-           "model": m["model"], "promptHash": m["prompt_hash"]}
+           "extends": m["extends"], "origin": m["origin"], "documentId": m["document_id"],
+           "sourceChunkId": m["source_chunk_id"], "model": m["model"], "promptHash": m["prompt_hash"]}
     return {k: v for k, v in out.items() if v is not None}
 
 

@@ -1,4 +1,5 @@
-"""Search: BM25 (FTS5) and vectors (sqlite-vec), fused with Reciprocal Rank Fusion, packed into a token budget."""
+"""Search: BM25 (FTS5) and vectors (sqlite-vec), fused with Reciprocal Rank Fusion, optionally reranked,
+packed into a token budget."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 from smem.config import Settings
 from smem.db import DB, now, vec_blob
 from smem.embed import Embedder
+from smem.lanes import embed_answer
 from smem.text import estimate_tokens
 
 MODES = ("hybrid", "memories", "chunks")
@@ -62,7 +64,8 @@ def _knn(db: DB, kind: str, qv: np.ndarray, params: dict, n: int) -> list[int]:
 
 def search(db: DB, embedder: Embedder, settings: Settings, ns: str, q: str, *, mode: str = "hybrid",
            limit: int | None = None, as_of: str | None = None, rerank: str = "none",
-           threshold: float | None = None, budget_tokens: int | None = None) -> dict:
+           threshold: float | None = None, budget_tokens: int | None = None, reranker=None) -> dict:
+    """reranker: a smem.lanes.LaneReranker, or None (then rerank "order" is degraded "reranker")."""
     t0 = time.perf_counter()
     limit = limit or settings.default_limit
     kinds = {"hybrid": ("memory", "chunk"), "memories": ("memory",), "chunks": ("chunk",)}[mode]
@@ -80,9 +83,13 @@ def search(db: DB, embedder: Embedder, settings: Settings, ns: str, q: str, *, m
 
     t = time.perf_counter()
     qv = None
+    served = {"embed": None, "rerank": None}
     try:
-        qv = embedder.embed([q])[0]
-    except Exception:  # any failure of the vector lane: answer from BM25 and say so
+        answer = embed_answer(embedder, [q])
+        qv, served["embed"] = answer.value[0], answer.served
+        _down(degraded, answer.down)
+    except Exception as e:  # any failure of the vector lane: answer from BM25 and say so
+        _down(degraded, getattr(e, "down", []))
         degraded.append("embedder")
     if qv is not None:
         for kind in kinds:
@@ -94,18 +101,48 @@ def search(db: DB, embedder: Embedder, settings: Settings, ns: str, q: str, *, m
         for rank, key in enumerate(ranked, start=1):
             fused[key] = fused.get(key, 0.0) + 1.0 / (settings.rrf_k + rank)
 
+    ordered = sorted(fused.items(), key=lambda kv: -kv[1])
+    rerank_scores: dict = {}
     if rerank == "order":
-        degraded.append("reranker")  # not yet: no reranker lane in this slice
+        t = time.perf_counter()
+        if reranker is None:
+            degraded.append("reranker")
+        else:
+            try:
+                ordered, rerank_scores, served["rerank"], down = _rerank(db, reranker, settings, q, ordered)
+                _down(degraded, down)
+            except Exception as e:  # over budget or no node: unreranked, and say so
+                _down(degraded, getattr(e, "down", []))
+                degraded.append("reranker")
+        timing["rerankMs"] = round(1000 * (time.perf_counter() - t), 2)
 
-    results, used = _pack(db, fused, qv, threshold, budget_tokens=budget_tokens, limit=limit)
+    results, used = _pack(db, ordered, rerank_scores, qv, threshold, budget_tokens=budget_tokens, limit=limit)
     timing["totalMs"] = round(1000 * (time.perf_counter() - t0), 2)
-    return {"results": results, "degraded": degraded, "timing": timing, "usedTokens": used}
+    return {"results": results, "degraded": degraded, "timing": timing, "usedTokens": used, "served": served}
 
 
-def _pack(db: DB, fused: dict, qv, threshold: float | None, *, budget_tokens: int | None, limit: int):
-    """Best first, each result whole or not at all, within budgetTokens (text.estimate_tokens)."""
+def _down(degraded: list[str], nodes: list[str]) -> None:
+    degraded.extend(n for n in nodes if n not in degraded)
+
+
+def _rerank(db: DB, reranker, settings: Settings, q: str, ranked: list):
+    """The fused top rerank_top_k in the reranker's order, the rest after them as they were;
+    (that order, the rerank scores, the node that served, the nodes skipped as down)."""
+    top = ranked[:settings.rerank_top_k]
+    if not top:
+        return ranked, {}, None, []
+    texts = [_load(db, kind, rowid)["content"] for (kind, rowid), _ in top]
+    answer = reranker.rerank(q, texts, settings.rerank_budget_ms / 1000)
+    order = sorted(range(len(top)), key=lambda i: -answer.value[i])
+    scores = {top[i][0]: answer.value[i] for i in order}
+    return [top[i] for i in order] + ranked[len(top):], scores, answer.served, answer.down
+
+
+def _pack(db: DB, ranked: list, rerank_scores: dict, qv, threshold: float | None, *, budget_tokens: int | None,
+          limit: int):
+    """In ranked order, each result whole or not at all, within budgetTokens (text.estimate_tokens)."""
     results, used = [], 0
-    for (kind, rowid), score in sorted(fused.items(), key=lambda kv: -kv[1]):
+    for (kind, rowid), score in ranked:
         item = _load(db, kind, rowid)
         vec = item.pop("_vec")
         if threshold is not None:
@@ -118,6 +155,8 @@ def _pack(db: DB, fused: dict, qv, threshold: float | None, *, budget_tokens: in
             continue
         used += tokens
         item["score"] = round(score, 6)
+        if (kind, rowid) in rerank_scores:
+            item["rerankScore"] = round(rerank_scores[(kind, rowid)], 6)
         results.append(item)
         if len(results) >= limit:
             break

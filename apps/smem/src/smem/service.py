@@ -1,4 +1,4 @@
-"""Assembles the service from settings: database, embedder, pipeline, workers, the app."""
+"""Assembles the service from settings: database, lanes, embedders, LLM, pipeline, workers, the app."""
 
 from __future__ import annotations
 
@@ -8,9 +8,14 @@ import os
 
 from smem.api import create_app
 from smem.config import Settings
+from smem.console import console_routes
 from smem.db import DB
 from smem.embed import MiniLMEmbedder, make_embedder
 from smem.ingest import Pipeline, Worker
+from smem.lanes import LaneChat, LaneEmbedder, LaneReranker, Lanes
+from smem.leases import Leases
+from smem.llm import LLMExtractor, LLMJudge
+from smem.mcp_server import mcp_routes
 
 
 class Busy(RuntimeError):
@@ -19,6 +24,9 @@ class Busy(RuntimeError):
 
 def embedder_identity(settings: Settings) -> tuple[str, int]:
     """What the database's vectors are made by, without loading the model."""
+    if settings.lanes:
+        m = settings.model("embed")
+        return "http:%s" % m["name"], int(m["dim"])
     e = settings.embedder
     if e.get("kind", "local") == "local":
         return MiniLMEmbedder.name, MiniLMEmbedder.dim
@@ -41,14 +49,27 @@ def take_lock(db_path: str):
 
 
 def build(db_path: str, settings: Settings, embedder=None, start_workers: bool = True):
-    """(app, pipeline). With start_workers the app's lifespan requeues orphaned jobs and runs the workers."""
-    if settings.llm:
-        raise ValueError("llm: extraction through llama-server is not in this version; remove the [llm] setting")
-    if settings.reranker:
-        raise ValueError("reranker: not in this version; remove the [reranker] setting")
-    embedder = embedder or make_embedder(settings.embedder)
+    """(app, pipeline). With start_workers the app's lifespan requeues orphaned jobs and runs the workers.
+    embedder (tests): used for search and ingest instead of the configured one."""
     db = open_db(db_path, settings)
-    pipeline = Pipeline(db, embedder, settings)
+    lanes = Lanes(settings)
+    leases = Leases(db, lanes)  # live leases from the file: a restart honours them
+    extractor = judge = reranker = None
+    if settings.lanes:
+        embed = settings.model("embed")
+        search_embedder = embedder or LaneEmbedder(lanes, embed, "interactive")
+        # Ingest may borrow the interactive lane for embeddings, never for chat.
+        ingest_embedder = embedder or LaneEmbedder(lanes, embed, "background", fallback="interactive")
+        if settings.model("chat"):
+            chat = LaneChat(lanes, settings.model("chat"), settings.llm_max_tokens)
+            extractor = LLMExtractor(chat, settings.llm_retries)
+            judge = LLMJudge(chat, settings.llm_retries)
+        if settings.model("rerank"):
+            reranker = LaneReranker(lanes, settings.model("rerank"))
+    else:
+        search_embedder = ingest_embedder = embedder or make_embedder(settings.embedder)
+    pipeline = Pipeline(db, ingest_embedder, settings, extractor=extractor, judge=judge)
+    mcp, mcp_running = mcp_routes(db, pipeline, search_embedder, settings, reranker)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -58,10 +79,15 @@ def build(db_path: str, settings: Settings, embedder=None, start_workers: bool =
             workers = [Worker(pipeline, "worker-%d" % i) for i in range(settings.workers)]
             for w in workers:
                 w.start()
-        yield
+        async with mcp_running():
+            yield
         for w in workers:
             w.stop()
         for w in workers:
             w.join(timeout=30)
 
-    return create_app(db, embedder, settings, pipeline, lifespan=lifespan), pipeline
+    app = create_app(db, search_embedder, settings, pipeline, lifespan=lifespan, lanes=lanes, leases=leases,
+                     reranker=reranker, extra_routes=[*mcp, *console_routes()])
+    # `smem mcp` (stdio) searches as the HTTP API does: the interactive lane and its reranker.
+    app.state.search_embedder, app.state.reranker = search_embedder, reranker
+    return app, pipeline

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from datetime import datetime
 
 
 def estimate_tokens(text: str) -> int:
@@ -54,3 +55,82 @@ def chunk(text: str, max_tokens: int = 200) -> list[str]:
 
 def normalise(text: str) -> str:
     return " ".join(text.lower().split())
+
+
+# -- retrieval units with context ----------------------------------------------------------------
+# A dialogue turn is the unit a question's answer lives in; packed with its neighbours into one
+# 200-token chunk it costs five turns of the budget. So a transcript is chunked one turn a chunk,
+# and what the BM25 index reads of a chunk is the chunk with its neighbours and the document's date
+# ("context"), while what search returns and counts against budgetTokens is the chunk alone.
+
+# "Name: text", optionally after a [timestamp]: a speaker label of at most 40 characters.
+_TURN = re.compile(r"^\s*(?:\[[^\]\n]{1,40}\]\s*)?[^\s:\[][^:\n]{0,39}:\s+\S")
+
+
+def is_transcript(text: str) -> bool:
+    """At least two lines, and at least 80% of the non-empty lines, start with a speaker label."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    turns = sum(1 for ln in lines if _TURN.match(ln))
+    return turns >= 2 and turns >= 0.8 * len(lines)
+
+
+def turns(text: str) -> list[str]:
+    """A transcript's turns, one per speaker label; a line without a label continues the turn before it."""
+    out: list[str] = []
+    for raw in text.splitlines():
+        line = " ".join(raw.split())
+        if not line:
+            continue
+        if out and not _TURN.match(line):
+            out[-1] += " " + line
+        else:
+            out.append(line)
+    return out
+
+
+def units(text: str, max_tokens: int = 200) -> list[str]:
+    """The chunks search should return: one per turn for a transcript (a turn over max_tokens split at
+    sentences, then words), else chunk(text, max_tokens)."""
+    if not is_transcript(text):
+        return chunk(text, max_tokens)
+    return [piece for turn in turns(text) for piece in _pieces(turn, max_tokens)]
+
+
+def date_label(iso: str | None) -> str | None:
+    """A stored time (or any ISO-8601 date) as words BM25 can match: "8 May 2023"."""
+    if not iso:
+        return None
+    try:
+        t = datetime.fromisoformat(iso.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return "%d %s %d" % (t.day, t.strftime("%B"), t.year)
+
+
+def _head(text: str, tokens: int) -> str:
+    if estimate_tokens(text) <= tokens:
+        return text
+    return text[:4 * tokens].rsplit(" ", 1)[0]
+
+
+def _tail(text: str, tokens: int) -> str:
+    if estimate_tokens(text) <= tokens:
+        return text
+    return text[-4 * tokens:].split(" ", 1)[-1]
+
+
+def with_context(pieces: list[str], i: int, *, before: int = 2, after: int = 2, header: str | None = None,
+                 context_tokens: int = 100) -> str:
+    """pieces[i] as the index reads it: header (the document's date), up to `before` pieces before it
+    and `after` after it, each side at most context_tokens (the far end cut at a word)."""
+    prev = "\n".join(pieces[max(0, i - before):i])
+    nxt = "\n".join(pieces[i + 1:i + 1 + after])
+    parts = [header, _tail(prev, context_tokens) if prev else None, pieces[i],
+             _head(nxt, context_tokens) if nxt else None]
+    return "\n".join(p for p in parts if p)
+
+
+def index_texts(pieces: list[str], *, before: int = 2, after: int = 2, header: str | None = None,
+                context_tokens: int = 100) -> list[str]:
+    return [with_context(pieces, i, before=before, after=after, header=header, context_tokens=context_tokens)
+            for i in range(len(pieces))]

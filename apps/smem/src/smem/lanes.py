@@ -1,0 +1,314 @@
+"""Model lanes: which node servers answer which model calls.
+
+A lane (interactive: search; background: ingest) is a set of nodes, each serving some of the
+models (embed, chat, rerank) at a URL. Each call picks the least-busy healthy, unleased server of
+its lane for that model; one that fails (connect error, timeout, 5xx, bad shape) is marked down
+for `down_s` and the call moves to the next. At most `concurrency` calls are in flight per server."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import httpx
+import numpy as np
+
+from smem.config import Settings
+from smem.db import TIME_FMT
+from smem.embed import EmbedderError, normalise_rows
+
+log = logging.getLogger("smem.lanes")
+
+
+class NodeDown(Exception):
+    """The server failed this call: mark it down, try the next."""
+
+
+class Refused(RuntimeError):
+    """The server refused the request (4xx): the request's fault, not the node's."""
+
+
+class NoNode(RuntimeError):
+    """No server of the lane could answer; `down` names the nodes skipped as down. `leased_only`:
+    nothing failed, every server that could have answered is leased away (a wait, not an error)."""
+
+    def __init__(self, message: str, down: list[str], leased_only: bool = False):
+        super().__init__(message)
+        self.down = down
+        self.leased_only = leased_only
+
+
+def iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime(TIME_FMT)
+
+
+@dataclass(eq=False)
+class Server:
+    lane: str
+    node: str
+    role: str
+    url: str
+    sem: threading.Semaphore
+    client: httpx.Client
+    inflight: int = 0          # calls assigned to it: waiting for the semaphore or running
+    down_until: float = 0.0    # epoch seconds
+
+    @property
+    def label(self) -> str:
+        return "%s/%s" % (self.lane, self.node)
+
+    def post(self, path: str, body: dict, timeout: float | None = None) -> dict:
+        url = self.url.rstrip("/") + path
+        try:
+            r = self.client.post(url, json=body, **({"timeout": timeout} if timeout else {}))
+        except httpx.HTTPError as e:
+            raise NodeDown("%s: %s" % (url, str(e) or type(e).__name__)) from e
+        if r.status_code >= 500:
+            raise NodeDown("%s answered %d: %s" % (url, r.status_code, r.text[:300]))
+        if r.status_code >= 400:
+            raise Refused("%s answered %d: %s" % (url, r.status_code, r.text[:300]))
+        try:
+            return r.json()
+        except ValueError as e:
+            raise NodeDown("%s answered something that is not JSON" % url) from e
+
+
+@dataclass
+class Answer:
+    value: object
+    served: str                              # "lane/node"
+    down: list[str] = field(default_factory=list)
+
+
+class Lanes:
+    def __init__(self, settings: Settings):
+        self.down_s = settings.down_s
+        self.cond = threading.Condition()
+        self.leases: dict[str, dict] = {}    # node -> {id, holder, expiresAt, until (epoch)}
+        self.config: dict[str, dict] = {}
+        self.servers: dict[tuple[str, str], list[Server]] = {}
+        for lane in settings.lanes or {}:
+            cfg = self.config[lane] = settings.lane(lane)
+            for node, roles in cfg["nodes"].items():
+                for role, url in roles.items():
+                    self.servers.setdefault((lane, role), []).append(Server(
+                        lane, node, role, url, threading.Semaphore(cfg["concurrency"]),
+                        httpx.Client(timeout=cfg["timeout_s"])))
+
+    @property
+    def nodes(self) -> set[str]:
+        return {s.node for group in self.servers.values() for s in group}
+
+    def has(self, lane: str, role: str) -> bool:
+        return bool(self.servers.get((lane, role)))
+
+    def timeout(self, lane: str) -> float:
+        return self.config[lane]["timeout_s"]
+
+    # -- calls -----------------------------------------------------------------------------
+    def _lease_of(self, node: str) -> dict | None:
+        lease = self.leases.get(node)
+        if lease and lease["until"] <= time.time():   # expired: the node is back by itself
+            del self.leases[node]
+            return None
+        return lease
+
+    def _pick(self, lane: str, role: str, tried: set, down: list[str]) -> Server | None:
+        t = time.time()
+        free = []
+        for s in self.servers.get((lane, role), []):
+            if s in tried or self._lease_of(s.node):
+                continue
+            if s.down_until > t:
+                if s.label not in down:
+                    down.append(s.label)
+                continue
+            free.append(s)
+        return min(free, key=lambda s: s.inflight) if free else None
+
+    def call(self, lane: str, role: str, fn: Callable[[Server], object], deadline: float | None = None) -> Answer:
+        """fn(server) on the least-busy healthy unleased server; NodeDown moves on, NoNode when none is left
+        (or when time.monotonic() passes deadline)."""
+        tried: set[Server] = set()
+        down: list[str] = []
+        errors: list[str] = []
+        while True:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise NoNode("%s in the %s lane: out of time (%s)" % (role, lane, "; ".join(errors) or "-"), down)
+            with self.cond:
+                s = self._pick(lane, role, tried, down)
+                if s is None:
+                    why = list(errors)
+                    if down and not errors:
+                        why.append("down: " + ", ".join(down))
+                    leased = sorted({x.node for x in self.servers.get((lane, role), []) if self._lease_of(x.node)})
+                    if leased:
+                        why.append("leased: " + ", ".join(leased))
+                    raise NoNode("no %s node in the %s lane could answer (%s)"
+                                 % (role, lane, "; ".join(why) or "none configured"), down,
+                                 leased_only=bool(leased) and not down and not errors)
+                s.inflight += 1
+            tried.add(s)
+            try:
+                if not s.sem.acquire(timeout=self.timeout(lane)):
+                    errors.append("%s busy" % s.label)
+                    continue
+                try:
+                    with self.cond:
+                        leased = self._lease_of(s.node) is not None  # leased while this call waited
+                    if leased:
+                        continue
+                    return Answer(fn(s), s.label, down)
+                finally:
+                    s.sem.release()
+            except NodeDown as e:
+                log.warning("%s %s: down for %.0f s: %s", s.label, role, self.down_s, e)
+                s.down_until = time.time() + self.down_s
+                down.append(s.label)
+                errors.append(str(e))
+            finally:
+                with self.cond:
+                    s.inflight -= 1
+                    self.cond.notify_all()
+
+    # -- leases (smem.leases keeps them in the database) -----------------------------------
+    def lease(self, nodes: list[str], lease: dict) -> None:
+        with self.cond:
+            for n in nodes:
+                self.leases[n] = lease
+
+    def unlease(self, lease_id: str) -> None:
+        with self.cond:
+            for n in [n for n, lease in self.leases.items() if lease["id"] == lease_id]:
+                del self.leases[n]
+
+    def drain(self, nodes: list[str], timeout: float) -> bool:
+        """Waits until no call is in flight on these nodes; False if that took longer than timeout."""
+        busy = [s for group in self.servers.values() for s in group if s.node in nodes]
+        with self.cond:
+            return self.cond.wait_for(lambda: not any(s.inflight for s in busy), timeout)
+
+    def report(self) -> dict:
+        out: dict = {}
+        t = time.time()
+        with self.cond:
+            for (lane, role), group in self.servers.items():
+                cfg = self.config[lane]
+                lane_out = out.setdefault(lane, {"concurrency": cfg["concurrency"], "timeoutS": cfg["timeout_s"],
+                                                 "nodes": {}})
+                for s in group:
+                    node = lane_out["nodes"].setdefault(s.node, {"models": {}, "inFlight": 0, "downUntil": None,
+                                                                 "leasedBy": None})
+                    down = iso(s.down_until) if s.down_until > t else None
+                    node["models"][role] = {"url": s.url, "inFlight": s.inflight, "downUntil": down}
+                    node["inFlight"] += s.inflight
+                    if down and (node["downUntil"] is None or down > node["downUntil"]):
+                        node["downUntil"] = down
+                    lease = self._lease_of(s.node)
+                    node["leasedBy"] = lease and {k: lease[k] for k in ("id", "holder", "expiresAt")}
+        return out
+
+
+def _shape(what: str, s: Server, get: Callable[[], object]):
+    try:
+        return get()
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+        raise NodeDown("%s %s: unexpected answer (%s: %s)" % (s.label, what, type(e).__name__, e)) from e
+
+
+class LaneEmbedder:
+    """The embeddings model through a lane (ingest: background, falling back to interactive)."""
+
+    def __init__(self, lanes: Lanes, model: dict, lane: str, fallback: str | None = None):
+        self.lanes, self.lane, self.fallback = lanes, lane, fallback
+        self.model, self.name, self.dim = model["name"], "http:%s" % model["name"], int(model["dim"])
+
+    def _fn(self, texts: list[str]):
+        def fn(s: Server) -> np.ndarray:
+            data = s.post("/v1/embeddings", {"model": self.model, "input": texts})
+            v = _shape("embeddings", s, lambda: np.asarray(
+                [d["embedding"] for d in sorted(data["data"], key=lambda d: d["index"])], dtype=np.float32))
+            if v.shape != (len(texts), self.dim):
+                raise NodeDown("%s embeddings: shape %s, expected (%d, %d)" % (s.label, v.shape, len(texts), self.dim))
+            return normalise_rows(v)
+        return fn
+
+    def embed_answer(self, texts: list[str]) -> Answer:
+        """The vectors, who served them and which nodes were skipped as down; EmbedderError (with .down) if none."""
+        if not texts:
+            return Answer(np.zeros((0, self.dim), dtype=np.float32), "none")
+        down: list[str] = []
+        errors = []
+        for lane in (self.lane, self.fallback):
+            if lane is None:
+                continue
+            try:
+                a = self.lanes.call(lane, "embed", self._fn(texts))
+                a.down = down + a.down
+                return a
+            except NoNode as e:
+                down += e.down
+                errors.append(str(e))
+            except Refused as e:
+                errors.append(str(e))
+                break
+        err = EmbedderError("; ".join(errors))
+        err.down = down
+        raise err
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        return self.embed_answer(texts).value
+
+
+def embed_answer(embedder, texts: list[str]) -> Answer:
+    """Any embedder: a lane embedder says who served; any other is "local"."""
+    if isinstance(embedder, LaneEmbedder):
+        return embedder.embed_answer(texts)
+    return Answer(embedder.embed(texts), "local")
+
+
+class LaneChat:
+    """The chat model on the background lane (never the interactive one): one JSON-schema-constrained answer."""
+
+    def __init__(self, lanes: Lanes, model: dict, max_tokens: int):
+        self.lanes, self.model, self.max_tokens = lanes, model["name"], max_tokens
+
+    def complete(self, messages: list[dict], schema: dict, temperature: float = 0.0) -> tuple[str, str]:
+        """(the answer's text, finish_reason); the caller validates the text. NoNode or Refused if no node answers."""
+        body = {"model": self.model, "messages": messages, "temperature": temperature,
+                "max_tokens": self.max_tokens,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}}
+
+        def fn(s: Server) -> tuple[str, str]:
+            data = s.post("/v1/chat/completions", body)
+            choice = _shape("chat", s, lambda: data["choices"][0])
+            text = _shape("chat", s, lambda: choice["message"]["content"])
+            if not isinstance(text, str):
+                raise NodeDown("%s chat: content is not text" % s.label)
+            return text, choice.get("finish_reason") or ""
+        return self.lanes.call("background", "chat", fn).value
+
+
+class LaneReranker:
+    """llama-server's /v1/rerank on the interactive lane, within a time budget."""
+
+    def __init__(self, lanes: Lanes, model: dict):
+        self.lanes, self.model = lanes, model["name"]
+
+    def rerank(self, query: str, documents: list[str], budget_s: float) -> Answer:
+        """Answer.value: a relevance score per document, in their order; NoNode when over budget."""
+        deadline = time.monotonic() + budget_s
+
+        def fn(s: Server) -> list[float]:
+            data = s.post("/v1/rerank", {"model": self.model, "query": query, "documents": documents,
+                                         "top_n": len(documents)}, timeout=max(deadline - time.monotonic(), 0.001))
+            scores = _shape("rerank", s, lambda: {int(r["index"]): float(r["relevance_score"])
+                                                  for r in data["results"]})
+            if sorted(scores) != list(range(len(documents))):
+                raise NodeDown("%s rerank: %d scores for %d documents" % (s.label, len(scores), len(documents)))
+            return [scores[i] for i in range(len(documents))]
+        return self.lanes.call("interactive", "rerank", fn, deadline)

@@ -1,0 +1,71 @@
+"""Leases: the render farm borrows nodes. Kept in the database (a restarted smem honours them) and
+mirrored in the lanes, which stop sending calls to a leased node and take it back when the lease expires."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+
+from smem.db import DB, new_id, now
+from smem.errors import Conflict, NotFound
+from smem.lanes import Lanes, iso
+
+
+class BadLease(ValueError):
+    status = 400
+
+
+def _epoch(t: str) -> float:
+    return datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp()
+
+
+def _public(row: dict) -> dict:
+    return {"id": row["id"], "nodes": json.loads(row["nodes"]), "holder": row["holder"],
+            "createdAt": row["created_at"], "expiresAt": row["expires_at"]}
+
+
+class Leases:
+    def __init__(self, db: DB, lanes: Lanes):
+        self.db, self.lanes = db, lanes
+        for lease in self.live():
+            self._mirror(lease)
+
+    def _mirror(self, lease: dict) -> None:
+        self.lanes.lease(lease["nodes"], {"id": lease["id"], "holder": lease["holder"],
+                                          "expiresAt": lease["expiresAt"], "until": _epoch(lease["expiresAt"])})
+
+    def live(self) -> list[dict]:
+        return [_public(r) for r in self.db.rows("SELECT * FROM leases WHERE released_at IS NULL AND expires_at > ?"
+                                                 " ORDER BY created_at", (now(),))]
+
+    def create(self, nodes: list[str], holder: str, ttl_s: float) -> dict:
+        """Records the lease, stops new calls to its nodes, waits (bounded by their lanes' timeouts) for the
+        calls in flight there; the lease with drained = whether they all finished in time."""
+        unknown = sorted(set(nodes) - self.lanes.nodes)
+        if unknown:
+            raise BadLease("unknown node(s): %s" % ", ".join(unknown))
+        with self.db.tx() as c:
+            for lease in self.live():
+                taken = sorted(set(nodes) & set(lease["nodes"]))
+                if taken:
+                    raise Conflict("node(s) %s already leased by %s (lease %s, until %s)"
+                                   % (", ".join(taken), lease["holder"], lease["id"], lease["expiresAt"]))
+            lease = {"id": new_id("lse"), "nodes": sorted(set(nodes)), "holder": holder,
+                     "createdAt": now(), "expiresAt": iso(time.time() + ttl_s)}
+            c.execute("INSERT INTO leases(id, holder, nodes, created_at, expires_at) VALUES (?,?,?,?,?)",
+                      (lease["id"], holder, json.dumps(lease["nodes"]), lease["createdAt"], lease["expiresAt"]))
+        self._mirror(lease)
+        bound = max(cfg["timeout_s"] for lane, cfg in self.lanes.config.items()
+                    if any(n in cfg["nodes"] for n in nodes))
+        return {**lease, "drained": self.lanes.drain(lease["nodes"], bound)}
+
+    def release(self, lease_id: str) -> dict:
+        with self.db.tx() as c:
+            row = self.db.one("SELECT * FROM leases WHERE id=? AND released_at IS NULL AND expires_at > ?",
+                              (lease_id, now()))
+            if row is None:
+                raise NotFound("no live lease %s" % lease_id)
+            c.execute("UPDATE leases SET released_at=? WHERE id=?", (now(), lease_id))
+        self.lanes.unlease(lease_id)
+        return {**_public(row), "released": True}

@@ -1,0 +1,194 @@
+"""Extraction and the judge through the chat model: the real llama-server end to end; a stub chat server on
+127.0.0.1 only where an answer must be wrong (or a decision fixed) on demand."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from conftest import lane_settings
+from smem.llm import EXTRACT_PROMPT, FACTS_SCHEMA, prompt_hash
+
+
+def stages(svc, doc):
+    return svc.call("GET", "/v5/ns/alice/documents/" + doc).json()
+
+
+def mems(svc, doc=None):
+    sql = "SELECT * FROM memories" + (" WHERE document_id=?" if doc else "") + " ORDER BY rowid"
+    return svc.db.rows(sql, (doc,) if doc else ())
+
+
+def test_real_llm_extracts_facts_and_judges_them(llama_embed, llama_chat, lane_service):
+    svc = lane_service(lane_settings({"i0": {"embed": llama_embed.url}},
+                                     {"b0": {"embed": llama_embed.url, "chat": llama_chat.url}},
+                                     chat=True, llm_max_tokens=300, near_duplicate=0.999, judge_close=0.0))
+    first = svc.ingest("alice", "Ann moved to Oslo in 2021. Ann plays the cello every Sunday.")
+    d = stages(svc, first)
+    assert d["status"] == "done", d
+    made = mems(svc, first)
+    assert made and d["job"]["stages"]["extract"] == {"state": "done", "facts": len(made),
+                                                      "model": "smollm2-135m-instruct"}
+    for m in made:
+        assert (m["origin"], m["model"], m["indexed"]) == ("extracted", "smollm2-135m-instruct", 1)
+        assert m["prompt_hash"] == prompt_hash(EXTRACT_PROMPT, FACTS_SCHEMA)
+        assert re.fullmatch(r"sha256:[0-9a-f]{64}", m["prompt_hash"])
+    listed = svc.call("GET", "/v5/ns/alice/memories").json()["memories"]
+    assert {m["id"] for m in listed} == {m["id"] for m in made}
+    assert all(m["promptHash"] == made[0]["prompt_hash"] for m in listed)
+
+    # The judge, for real: every new fact has close candidates (judge_close 0), so the LLM decides each one.
+    # Only the contract is asserted: a valid decision, applied.
+    second = svc.ingest("alice", "Ann moved to Bergen in 2024.", validAt="2024-06-01")
+    d = stages(svc, second)
+    assert d["status"] == "done", d
+    judge = d["job"]["stages"]["judge"]
+    new = mems(svc, second)
+    assert judge["state"] == "done" and judge["model"] == "smollm2-135m-instruct"
+    assert judge["new"] + judge["duplicate"] + judge["supersedes"] + judge["extends"] == d["job"]["stages"][
+        "extract"]["facts"] >= 1
+    assert len(new) == d["job"]["stages"]["extract"]["facts"] - judge["duplicate"]
+    first_ids = {m["id"] for m in made}
+    for m in new:
+        assert m["indexed"] == 1
+        if m["supersedes"]:
+            old = svc.db.one("SELECT * FROM memories WHERE id=?", (m["supersedes"],))
+            assert old["id"] in first_ids and old["valid_to"] == m["valid_from"] and old["expired_at"]
+        if m["extends"]:
+            assert m["extends"] in first_ids
+    assert sum(1 for m in new if m["supersedes"]) == judge["supersedes"]
+    assert sum(1 for m in new if m["extends"]) == judge["extends"]
+
+
+class StubChat:
+    """A chat server whose answers the test writes: answer(kind, user_text, schema) -> (content, finish_reason)."""
+
+    def __init__(self, answer):
+        self.calls = []
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                schema = body["response_format"]["json_schema"]["schema"]
+                kind = "judge" if "oneOf" in schema else "extract"
+                text = body["messages"][-1]["content"]
+                stub.calls.append((kind, text))
+                content, finish = answer(kind, text, schema)
+                out = json.dumps({"choices": [{"index": 0, "finish_reason": finish,
+                                               "message": {"role": "assistant", "content": content}}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def log_message(self, *a):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = "http://127.0.0.1:%d" % self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def stub_chat():
+    made = []
+
+    def make(answer) -> StubChat:
+        made.append(StubChat(answer))
+        return made[-1]
+    yield make
+    for s in made:
+        s.close()
+
+
+def facts(*texts):
+    return json.dumps({"facts": list(texts)}), "stop"
+
+
+def test_an_answer_that_fails_validation_fails_the_document_never_done(llama_embed, stub_chat, lane_service):
+    bad = iter([("{\"facts\": [\"Ann plays", "stop"),                 # not JSON
+                ("{\"facts\": \"Ann plays the cello.\"}", "stop"),     # JSON, not valid against the schema
+                ("{\"facts\": [\"Ann plays the cello", "length")])      # cut off at max_tokens
+
+    def answer(kind, text, schema):
+        return facts("Ann lives in Oslo.") if "Alpha" in text else next(bad)
+    stub = stub_chat(answer)
+    svc = lane_service(lane_settings({"i0": {"embed": llama_embed.url}},
+                                     {"b0": {"embed": llama_embed.url, "chat": stub.url}},
+                                     chat=True, chunk_tokens=8, llm_retries=2))
+    doc = svc.ingest("alice", "Alpha: Ann lives in Oslo.\n\nBeta: Ann plays the cello.")
+    chunks = svc.db.rows("SELECT id FROM chunks WHERE document_id=? ORDER BY seq", (doc,))
+    assert len(chunks) == 2
+    d = stages(svc, doc)
+    assert d["status"] == "failed"
+    assert d["error"].startswith("extract: the LLM's answer failed validation 3 times")
+    assert "not valid against the schema" in d["error"] and "cut off at max_tokens" in d["error"]
+    extract = d["job"]["stages"]["extract"]
+    assert extract["state"] == "failed" and extract["chunksDone"] == 1 and extract["facts"] == 1
+    assert extract["failedChunk"] == chunks[1]["id"] and extract["reason"] in d["error"]
+    assert d["job"]["attempts"] == 1 and "index" not in d["job"]["stages"]    # no more attempts: it is final
+    assert len(stub.calls) == 4
+    assert mems(svc) == []          # none from the failed chunk, and none of the chunk before it
+    assert svc.search("alice", "Ann Oslo cello", mode="memories")["results"] == []
+
+
+def test_the_judge_supersedes_and_extends_and_checks_its_target(llama_embed, stub_chat, lane_service):
+    decide = {}
+
+    def answer(kind, text, schema):
+        if kind == "extract":
+            return facts(text.split(": ", 1)[1])
+        known = dict(re.findall(r"^(mem_[0-9a-f]+): (.*)$", text, re.M))
+        decision, word = decide["next"]
+        target = next((i for i, c in known.items() if word in c), "mem_0000000000000000")
+        return json.dumps({"decision": decision, "target": target}), "stop"
+    stub = stub_chat(answer)
+    svc = lane_service(lane_settings({"i0": {"embed": llama_embed.url}},
+                                     {"b0": {"embed": llama_embed.url, "chat": stub.url}},
+                                     chat=True, near_duplicate=0.999, judge_close=0.0, llm_retries=1))
+    oslo = svc.remember("alice", "Ann lives in Oslo.", validAt="2020-01-01")
+    cello = svc.remember("alice", "Ann plays the cello.", validAt="2020-01-01")
+
+    decide["next"] = ("supersedes", "Oslo")
+    doc = svc.ingest("alice", "Note: Ann lives in Bergen.", validAt="2024-06-01")
+    assert stages(svc, doc)["job"]["stages"]["judge"]["supersedes"] == 1
+    (bergen,) = mems(svc, doc)
+    old = svc.db.one("SELECT * FROM memories WHERE id=?", (oslo["id"],))
+    assert bergen["supersedes"] == oslo["id"] and bergen["valid_from"] == "2024-06-01T00:00:00.000000Z"
+    assert old["valid_to"] == bergen["valid_from"] and old["expired_at"] and old["forgotten_at"] is None
+    now = [m["content"] for m in svc.call("GET", "/v5/ns/alice/memories").json()["memories"]]
+    assert "Ann lives in Bergen." in now and "Ann lives in Oslo." not in now
+    then = [m["content"] for m in svc.call("GET", "/v5/ns/alice/memories?asOf=2022-01-01").json()["memories"]]
+    assert "Ann lives in Oslo." in then and "Ann lives in Bergen." not in then
+    hist = svc.call("GET", "/v5/ns/alice/memories?asOf=2022-01-01&history=1").json()["memories"]
+    events = {m["id"]: [(h["event"], h["otherId"]) for h in m["history"]] for m in hist}
+    assert ("superseded", bergen["id"]) in events[oslo["id"]]
+    assert ("created", oslo["id"]) in [(h["event"], h["otherId"]) for h in
+                                       svc.db.rows("SELECT event, other_id AS otherId FROM history"
+                                                   " WHERE memory_id=?", (bergen["id"],))]
+
+    decide["next"] = ("extends", "cello")
+    doc = svc.ingest("alice", "Note: Ann plays the cello in the city orchestra.")
+    (orchestra,) = mems(svc, doc)
+    assert orchestra["extends"] == cello["id"]
+    listed = {m["id"]: m for m in svc.call("GET", "/v5/ns/alice/memories").json()["memories"]}
+    assert listed[orchestra["id"]]["extends"] == cello["id"] and cello["id"] in listed   # both stay current
+    assert svc.db.scalar("SELECT count(*) FROM history WHERE memory_id=? AND event='extended' AND other_id=?",
+                         (cello["id"], orchestra["id"])) == 1
+    assert svc.db.scalar("SELECT count(*) FROM memories") == 4   # nothing deleted
+
+    decide["next"] = ("supersedes", "no such fact")   # a target that was not shown: asked again, then failed
+    doc = svc.ingest("alice", "Note: Ann sold her cello.")
+    d = stages(svc, doc)
+    assert d["status"] == "failed" and d["error"].startswith("judge: the LLM's answer failed validation 2 times")
+    assert mems(svc, doc) == [] and [k for k, _ in stub.calls[-2:]] == ["judge", "judge"]
