@@ -17,6 +17,12 @@ if ! docker image inspect "$tag" >/dev/null 2>&1; then
         | docker import --change 'ENV DEBIAN_FRONTEND=noninteractive' - "$tag" >&2
 fi
 
+# Builds cached by content hash go in read-only, made first on this machine: the container
+# proves the install steps (cmake and g++ are in the list and installed in there), not a
+# second five-minute compile of the same llama-server.
+scripts/llama-server.sh >/dev/null
+scripts/lab-models.sh >/dev/null
+
 name="vcafleet-fresh-$$"
 trap 'docker rm -f "$name" >/dev/null 2>&1 || true' EXIT
 # The machine's trust store goes in as a file of its own: pip's index may sit
@@ -24,6 +30,8 @@ trap 'docker rm -f "$name" >/dev/null 2>&1 || true' EXIT
 docker create --name "$name" \
     -v /etc/ssl/certs/ca-certificates.crt:/etc/vcafleet-host-ca.crt:ro \
     -v /var/cache/vcafleet/apt-archives:/var/cache/apt/archives \
+    -v /var/cache/vcafleet/llama-server:/var/cache/vcafleet/llama-server:ro \
+    -v /var/cache/vcafleet/models:/var/cache/vcafleet/models:ro \
     -e PIP_CERT=/etc/vcafleet-host-ca.crt -e SSL_CERT_FILE=/etc/vcafleet-host-ca.crt \
     -e VCA_BOOTSTRAP_DOCKER=0 -e CI="${CI:-}" \
     -w /src "$tag" bash -euo pipefail -c '

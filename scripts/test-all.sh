@@ -23,6 +23,12 @@ step() {
     fi
 }
 
+# smem's tests run against a real llama-server and the lab's model (both cached by content hash).
+llama_server_env() {
+    SMEM_LLAMA_SERVER=$(scripts/llama-server.sh) && SMEM_TEST_GGUF=$(scripts/lab-models.sh) \
+        && export SMEM_LLAMA_SERVER SMEM_TEST_GGUF
+}
+
 for g in $groups; do
     case $g in
     lint)
@@ -31,6 +37,7 @@ for g in $groups; do
         step ruff ruff check .
         ;;
     unit)
+        step llama-server llama_server_env
         step pytest pytest -q tests
         step vcamon-tests pytest -q apps/vcamon/tests
         step smem-tests pytest -q apps/smem/tests

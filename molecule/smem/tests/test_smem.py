@@ -1,0 +1,173 @@
+"""Verify smem on the molecule lab (testinfra): the API on the host, the lanes' llama-servers on
+the nodes, ingest and search through them, a node down, a lease.
+
+The tests run in file order: the last ones stop node 0 and lease node 4."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import time
+import tomllib
+
+import pytest
+import testinfra
+
+LAB = os.environ.get("VCA_LAB_NAME", "vcamolsmem")
+URL = f"http://{LAB}-host:8787"
+LOCAL = testinfra.get_host("local://")
+DB = "/var/lib/smem/smem.db"
+CONFIG = "/etc/smem/smem.toml"
+DOCS = [
+    "Maria moved to Lisbon in March 2024 and works as a nurse at the Santa Maria hospital.",
+    "The team's render farm runs on Celery with RabbitMQ; Tomas keeps it running.",
+]
+
+
+def machine(name: str):
+    return testinfra.get_host(f"docker://{LAB}-{name}")
+
+
+HOST = machine("host")
+
+# One request from inside the host container, with the venv's httpx: (status, body).
+CLIENT = """
+import json, sys, httpx
+method, url, token, body = sys.argv[1:5]
+r = httpx.request(method, url, headers={"Authorization": "Bearer " + token} if token else {},
+                  content=body or None, timeout=120)
+print(json.dumps([r.status_code, r.json() if r.content else None]))
+"""
+
+
+def api(method: str, path: str, token: str | None, body: dict | None = None):
+    cmd = "/opt/smem/venv/bin/python -c %s %s %s %s %s" % (
+        shlex.quote(CLIENT), method, shlex.quote(URL + path), shlex.quote(token or ""),
+        shlex.quote(json.dumps(body) if body is not None else ""))
+    status, data = json.loads(HOST.check_output(cmd))
+    return status, data
+
+
+def metric(node: str, port: int, name: str) -> float:
+    """A counter of a node's llama-server (/metrics, Prometheus text), read from the host."""
+    script = ("import sys, httpx\n"
+              "for line in httpx.get(sys.argv[1], timeout=30).text.splitlines():\n"
+              "    if line.startswith('llamacpp:' + sys.argv[2] + ' '): print(line.split()[1])")
+    out = HOST.check_output("/opt/smem/venv/bin/python -c %s %s %s" % (
+        shlex.quote(script), f"http://{LAB}-{node}:{port}/metrics", name))
+    return float(out)
+
+
+@pytest.fixture(scope="module")
+def admin():
+    return HOST.check_output("cat /etc/smem/admin.token").strip()
+
+
+@pytest.fixture(scope="module")
+def token():
+    return HOST.check_output(f"runuser -u smem -- smem token create --db {DB} --ns lab --config {CONFIG}").strip()
+
+
+def wait_done(token: str, doc_id: str, timeout: float = 600) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        status, doc = api("GET", f"/v5/ns/lab/documents/{doc_id}", token)
+        assert status == 200, doc
+        if doc["status"] in ("done", "failed") or time.monotonic() > deadline:
+            return doc
+        time.sleep(2)
+
+
+def listening(host, port: int) -> set[str]:
+    out = host.check_output(f"ss -Hltn 'sport = :{port}'")
+    return {line.split()[3].rsplit(":", 1)[0] for line in out.splitlines() if line.strip()}
+
+
+def test_config_names_the_live_lane_nodes_and_served_models():
+    cfg = tomllib.loads(HOST.file(CONFIG).content_string)
+    assert set(cfg["lanes"]["interactive"]["nodes"]) == {"vca-node0", "vca-node1"}
+    assert set(cfg["lanes"]["background"]["nodes"]) == {"vca-node4"}   # node 3 is dead
+    assert cfg["lanes"]["background"]["nodes"]["vca-node4"] == {
+        "embed": f"http://{LAB}-node4:8410", "chat": f"http://{LAB}-node4:8411"}
+    assert set(cfg["models"]) == {"embed", "chat"}                       # the lab ships no reranker
+    assert HOST.file(CONFIG).mode == 0o640 and HOST.file("/etc/smem/admin.token").mode == 0o600
+
+
+@pytest.mark.parametrize("node, units", [(0, {"embed"}), (1, {"embed"}), (4, {"embed", "chat"})])
+def test_each_node_runs_its_lanes_servers(node, units):
+    host = machine(f"node{node}")
+    present = {u.removeprefix("llama-server-smem-").removesuffix(".service")
+               for u in host.check_output("systemctl list-units --plain --no-legend 'llama-server-*' "
+                                          "| awk '{print $1}'").split()}
+    assert present == units
+    for unit in units:
+        assert host.service(f"llama-server-smem-{unit}").is_running
+    # bound to the node's own address, never every address
+    assert listening(host, 8410) and not listening(host, 8410) & {"0.0.0.0", "*", "[::]"}
+
+
+def test_the_dead_node_gets_nothing():
+    state = LOCAL.check_output(f"docker inspect -f '{{{{.State.Status}}}}' {LAB}-node3")
+    assert state in ("created", "exited")
+
+
+def test_api_listens_on_its_named_address_only(admin):
+    assert not listening(HOST, 8787) & {"0.0.0.0", "*", "[::]", "127.0.0.1"}
+    status, health = api("GET", "/healthz", None)
+    assert status == 200 and health["embedder"] == "http:smollm2-135m"
+
+
+def test_ingest_runs_on_the_background_lane(token):
+    ids = []
+    for content in DOCS:
+        status, out = api("POST", "/v5/ns/lab/documents", token, {"content": content})
+        assert status == 202, out
+        ids.append(out["id"])
+    for doc_id in ids:
+        doc = wait_done(token, doc_id)
+        assert doc["status"] == "done", doc
+        assert doc["job"]["stages"]["extract"]["model"] == "smollm2-135m-instruct", doc["job"]
+    status, facts = api("GET", "/v5/ns/lab/memories", token)
+    for fact in facts["memories"]:                     # whatever the small model found, it is attributed
+        if fact.get("documentId") in ids:
+            assert fact["model"] == "smollm2-135m-instruct" and re.fullmatch(r"sha256:[0-9a-f]{64}", fact["promptHash"])
+    # node 4's servers did the work: their own counters say so
+    assert metric("node4", 8411, "n_decode_total") > 0 and metric("node4", 8410, "prompt_tokens_total") > 0
+
+
+def test_search_from_the_host(token):
+    status, out = api("POST", "/v5/ns/lab/search", token, {"q": "Where does Maria work?", "mode": "chunks"})
+    assert status == 200, out
+    assert out["degraded"] == [] and out["served"]["embed"].startswith("interactive/")
+    assert any("Lisbon" in r["content"] for r in out["results"])
+
+
+def test_search_answers_degraded_with_an_interactive_node_down(token):
+    LOCAL.check_output(f"docker stop {LAB}-node0")
+    status, out = api("POST", "/v5/ns/lab/search", token, {"q": "Who keeps the render farm running?",
+                                                            "mode": "chunks"})
+    assert status == 200, out
+    assert "interactive/vca-node0" in out["degraded"] and "embedder" not in out["degraded"]
+    assert out["served"]["embed"] == "interactive/vca-node1"
+    assert any("Celery" in r["content"] for r in out["results"])
+
+
+def test_a_lease_needs_an_admin_token(token):
+    status, _ = api("POST", "/v5/admin/leases", token, {"nodes": ["vca-node4"], "holder": "x", "ttlSeconds": 60})
+    assert status == 403
+
+
+def test_a_lease_drains_a_background_node_and_gives_it_back(token, admin):
+    status, lease = api("POST", "/v5/admin/leases", admin,
+                        {"nodes": ["vca-node4"], "holder": "molecule", "ttlSeconds": 600})
+    assert status == 201 and lease["drained"] is True, lease
+    status, out = api("POST", "/v5/ns/lab/documents", token, {"content": "Leased nodes take no new calls."})
+    assert status == 202
+    time.sleep(10)
+    status, doc = api("GET", f"/v5/ns/lab/documents/{out['id']}", token)
+    assert doc["status"] != "done", doc                 # node 4 is the only background node: ingest waits
+    status, _ = api("DELETE", f"/v5/admin/leases/{lease['id']}", admin)
+    assert status == 200
+    assert wait_done(token, out["id"])["status"] == "done"

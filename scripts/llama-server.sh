@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# llama-server for this machine's tests and the lab: the llama_server role's pinned source
+# (roles/llama_server/defaults/main.yml) built by the role's own script into the same cache
+# the lab host shares, so it is built once per source, whichever asks first.
+# stdout: the binary's path, nothing else.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+defaults=$here/roles/llama_server/defaults/main.yml
+cache=${LLAMA_SERVER_CACHE:-/var/cache/vcafleet/llama-server}
+value() { sed -n "s/^$1: *\([^ #]*\).*/\1/p" "$defaults"; }
+version=$(value llama_server_source_version)
+sha256=$(value llama_server_source_sha256)
+sdist=$cache/src/llama_cpp_python-$version.tar.gz
+pip=$here/.venv/bin/pip
+[ -x "$pip" ] || pip="python3 -m pip"
+
+if [ ! -f "$sdist" ]; then
+    mkdir -p "$cache/src"
+    echo "llama-server: downloading llama-cpp-python $version (its sdist carries llama.cpp)" >&2
+    $pip download -q --no-deps --no-binary :all: "llama-cpp-python==$version" -d "$cache/src" >&2
+fi
+echo "$sha256  $sdist" | sha256sum -c --quiet - >&2 || { echo "llama-server: $sdist is not the pinned source" >&2; exit 1; }
+exec "$here/roles/llama_server/files/build-llama-server.sh" "$sdist" "$cache"
