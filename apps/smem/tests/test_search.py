@@ -34,8 +34,8 @@ def test_rrf_k_is_a_setting_and_scores_follow_it(make_service):
         scores[k] = top["score"]
         svc.db.close()
         svc.path.unlink()
-    # First in both lists: 2 / (k + 1).
-    assert scores == {1: 1.0, 60: round(2 / 61, 6)}
+    # First in both lists: (bm25_weight + 1) / (k + 1), bm25_weight 2 by default.
+    assert scores == {1: 1.5, 60: round(3 / 61, 6)}
 
 
 def test_budget_tokens_packs_whole_results_within_the_budget(svc):
@@ -98,3 +98,19 @@ def test_threshold_drops_dissimilar_results(svc):
     strict = svc.search("alice", "cat sleeping", mode="chunks", threshold=0.4)["results"]
     assert len(loose) == len(DOCS)
     assert [r["content"] for r in strict] == [DOCS[1]]
+
+
+def test_a_transcript_is_a_chunk_a_turn_indexed_with_its_neighbours_and_date(svc):
+    turns = ["Ann: I adopted a puppy called Biscuit.", "Bob: What breed is it?", "Ann: A beagle, three months old.",
+             "Bob: Nice! Send a photo."]
+    doc = svc.ingest("alice", "\n".join(turns), validAt="2023-05-08T13:56:00")
+    rows = svc.db.rows("SELECT c.content, f.content AS indexed FROM chunks c JOIN chunks_fts f ON f.rowid = c.rowid"
+                       " WHERE c.document_id=? ORDER BY c.seq", (doc,))
+    assert [r["content"] for r in rows] == turns
+    assert rows[2]["indexed"] == "\n".join(["8 May 2023", *turns])
+    # Found by a word only its neighbours hold; returned and counted alone.
+    found = [r["content"] for r in svc.search("alice", "Biscuit", mode="chunks")["results"]]
+    assert turns[2] in found and all(c in turns for c in found)
+    out = svc.search("alice", "Biscuit", mode="chunks", budgetTokens=estimate_tokens(turns[2]))
+    assert out["usedTokens"] == sum(estimate_tokens(r["content"]) for r in out["results"]) <= estimate_tokens(turns[2])
+    assert svc.search("alice", "May 2023", mode="chunks")["results"]

@@ -14,7 +14,11 @@ LANES = {"interactive": {"concurrency": 2, "timeout_s": 10.0},   # search: query
 class Settings:
     max_document_bytes: int = 1_000_000   # a larger POST body is refused with 413
     chunk_tokens: int = 200               # text.estimate_tokens units
-    rrf_k: int = 60                       # Reciprocal Rank Fusion: score = sum 1 / (rrf_k + rank)
+    rrf_k: int = 10                       # Reciprocal Rank Fusion: score = sum weight / (rrf_k + rank)
+    bm25_weight: float = 2.0              # the BM25 lists' weight in the fusion (vector lists: 1)
+    context_before: int = 2               # chunks of the document before a chunk that its BM25 entry holds
+    context_after: int = 2                # ... and after it (search still returns and counts the chunk alone)
+    context_date: bool = True             # and the document's validAt in words ("8 May 2023")
     candidates: int = 50                  # per list (BM25, vectors) before fusion
     default_limit: int = 10
     max_limit: int = 100

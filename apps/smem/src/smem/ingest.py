@@ -20,7 +20,7 @@ from smem.db import DB, TIME_FMT, new_id, now, vec_blob
 from smem.embed import Embedder
 from smem.extract import ExtractionError, Extractor
 from smem.lanes import NoNode
-from smem.text import chunk, estimate_tokens, normalise
+from smem.text import date_label, estimate_tokens, index_texts, normalise, units
 
 log = logging.getLogger("smem.ingest")
 
@@ -172,7 +172,7 @@ class Pipeline:
     # -- the stages ------------------------------------------------------------------------
     def _stage_chunk(self, job: dict) -> None:
         doc = self.db.one("SELECT content FROM documents WHERE id=?", (job["document_id"],))
-        pieces = chunk(doc["content"], self.settings.chunk_tokens) if doc else []
+        pieces = units(doc["content"], self.settings.chunk_tokens) if doc else []
         with self.db.tx() as c:
             stages = self._mine(c, job)
             self._drop_index(c, job["document_id"])
@@ -297,10 +297,17 @@ class Pipeline:
     def _stage_index(self, job: dict) -> None:
         with self.db.tx() as c:
             stages = self._mine(c, job)
-            for r in self.db.rows("SELECT rowid, content, embedding FROM chunks WHERE document_id=? AND indexed=0",
-                                  (job["document_id"],)):
-                c.execute("INSERT INTO chunks_fts(rowid, content, ns) VALUES (?,?,?)", (r["rowid"], r["content"],
-                                                                                      job["ns"]))
+            # BM25 reads each chunk with its neighbours and the document's date; the vector is the chunk's own.
+            doc = self.db.one("SELECT valid_at FROM documents WHERE id=?", (job["document_id"],))
+            rows = self.db.rows("SELECT rowid, content, embedding, indexed FROM chunks WHERE document_id=?"
+                                " ORDER BY seq", (job["document_id"],))
+            s = self.settings
+            texts = index_texts([r["content"] for r in rows], before=s.context_before, after=s.context_after,
+                                header=date_label(doc and doc["valid_at"]) if s.context_date else None)
+            for r, text in zip(rows, texts, strict=True):
+                if r["indexed"]:
+                    continue
+                c.execute("INSERT INTO chunks_fts(rowid, content, ns) VALUES (?,?,?)", (r["rowid"], text, job["ns"]))
                 c.execute("INSERT INTO vec_chunks(rowid, ns, embedding) VALUES (?,?,?)",
                           (r["rowid"], job["ns"], r["embedding"]))
             c.execute("UPDATE chunks SET indexed=1 WHERE document_id=?", (job["document_id"],))

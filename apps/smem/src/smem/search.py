@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 
+from smem import fusion
 from smem.config import Settings
 from smem.db import DB, now, vec_blob
 from smem.embed import Embedder
@@ -73,12 +74,14 @@ def search(db: DB, embedder: Embedder, settings: Settings, ns: str, q: str, *, m
     degraded: list[str] = []
     timing: dict[str, float] = {}
     lists: list[list[tuple[str, int]]] = []
+    sources: list[str] = []  # what made each list: "bm25" or "vector" (fusion weights them)
 
     match = fts_query(q)
     t = time.perf_counter()
     if match:
         for kind in kinds:
             lists.append([(kind, r) for r in _bm25(db, kind, match, params, settings.candidates)])
+            sources.append("bm25")
     timing["bm25Ms"] = round(1000 * (time.perf_counter() - t), 2)
 
     t = time.perf_counter()
@@ -94,14 +97,10 @@ def search(db: DB, embedder: Embedder, settings: Settings, ns: str, q: str, *, m
     if qv is not None:
         for kind in kinds:
             lists.append([(kind, r) for r in _knn(db, kind, qv, params, settings.candidates)])
+            sources.append("vector")
     timing["vectorMs"] = round(1000 * (time.perf_counter() - t), 2)
 
-    fused: dict[tuple[str, int], float] = {}
-    for ranked in lists:
-        for rank, key in enumerate(ranked, start=1):
-            fused[key] = fused.get(key, 0.0) + 1.0 / (settings.rrf_k + rank)
-
-    ordered = sorted(fused.items(), key=lambda kv: -kv[1])
+    ordered = fusion.ranked(fusion.rrf(lists, settings.rrf_k, fusion.weights_for(sources, settings.bm25_weight)))
     rerank_scores: dict = {}
     if rerank == "order":
         t = time.perf_counter()
