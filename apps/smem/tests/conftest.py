@@ -3,11 +3,14 @@ real llama-server processes (SMEM_LLAMA_SERVER, SMEM_TEST_GGUF) for the model la
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -40,6 +43,34 @@ class Switchable:
         if self.down:
             raise EmbedderError("switched off by the test")
         return self.inner.embed(texts)
+
+
+class JSONStub:
+    """A loopback JSON server for the few cases where an answer must be wrong on demand:
+    respond(path, body, headers) -> (status, answer object or None)."""
+
+    def __init__(self, respond):
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                status, answer = respond(self.path, body, self.headers)
+                out = b"" if answer is None else json.dumps(answer).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def log_message(self, *a):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = "http://127.0.0.1:%d" % self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
 
 
 class Service:

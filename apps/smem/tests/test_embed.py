@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import numpy as np
 import pytest
 
+from conftest import JSONStub
 from smem.embed import EmbedderError, HTTPEmbedder
 
 
@@ -26,33 +23,19 @@ def stub():
     seen = []
     mode = {"answer": "ok"}
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            seen.append((self.path, body, self.headers.get("Authorization")))
-            if mode["answer"] == "500":
-                self.send_response(500)
-                self.end_headers()
-                return
-            dim = 2 if mode["answer"] == "wrong-dim" else 3
-            # Reversed on purpose: the client must order by "index".
-            data = [{"object": "embedding", "index": i, "embedding": [float(len(t)), 1.0, 0.0][:dim]}
-                    for i, t in reversed(list(enumerate(body["input"])))]
-            out = json.dumps({"object": "list", "data": data, "model": body["model"]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(out)))
-            self.end_headers()
-            self.wfile.write(out)
+    def respond(path, body, headers):
+        seen.append((path, body, headers.get("Authorization")))
+        if mode["answer"] == "500":
+            return 500, None
+        dim = 2 if mode["answer"] == "wrong-dim" else 3
+        # Reversed on purpose: the client must order by "index".
+        data = [{"object": "embedding", "index": i, "embedding": [float(len(t)), 1.0, 0.0][:dim]}
+                for i, t in reversed(list(enumerate(body["input"])))]
+        return 200, {"object": "list", "data": data, "model": body["model"]}
 
-        def log_message(self, *a):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield "http://127.0.0.1:%d" % server.server_address[1], seen, mode
-    server.shutdown()
-    server.server_close()
+    server = JSONStub(respond)
+    yield server.url, seen, mode
+    server.close()
 
 
 def test_http_embedder_speaks_openai_embeddings(stub):

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import json
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from conftest import lane_settings
+from conftest import JSONStub, lane_settings
 from smem.llm import EXTRACT_PROMPT, FACTS_SCHEMA, prompt_hash
 
 
@@ -64,39 +62,21 @@ def test_real_llm_extracts_facts_and_judges_them(llama_embed, llama_chat, lane_s
     assert sum(1 for m in new if m["extends"]) == judge["extends"]
 
 
-class StubChat:
+class StubChat(JSONStub):
     """A chat server whose answers the test writes: answer(kind, user_text, schema) -> (content, finish_reason)."""
 
     def __init__(self, answer):
         self.calls = []
-        stub = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                schema = body["response_format"]["json_schema"]["schema"]
-                kind = "judge" if "oneOf" in schema else "extract"
-                text = body["messages"][-1]["content"]
-                stub.calls.append((kind, text))
-                content, finish = answer(kind, text, schema)
-                out = json.dumps({"choices": [{"index": 0, "finish_reason": finish,
-                                               "message": {"role": "assistant", "content": content}}]}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(out)))
-                self.end_headers()
-                self.wfile.write(out)
-
-            def log_message(self, *a):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = "http://127.0.0.1:%d" % self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+        def respond(path, body, headers):
+            schema = body["response_format"]["json_schema"]["schema"]
+            kind = "judge" if "oneOf" in schema else "extract"
+            text = body["messages"][-1]["content"]
+            self.calls.append((kind, text))
+            content, finish = answer(kind, text, schema)
+            return 200, {"choices": [{"index": 0, "finish_reason": finish,
+                                      "message": {"role": "assistant", "content": content}}]}
+        super().__init__(respond)
 
 
 @pytest.fixture
