@@ -9,10 +9,19 @@ here=$(cd "$(dirname "$0")" && pwd)
 groups=${*:-lint unit molecule image lab}
 
 missing=()
-while read -r package _ needed_by; do
+# A package counts as there when dpkg has it, or when every program it is listed for is on PATH
+# (nodesource's nodejs brings npm: Debian's npm package must not be forced in beside it).
+has_programs() {
+    local check
+    [[ $1 == - || $1 == *py:* ]] && return 1
+    IFS=, read -ra checks <<<"$1"
+    for check in "${checks[@]}"; do command -v "$check" >/dev/null 2>&1 || return 1; done
+}
+while read -r package programs needed_by; do
     for g in $groups; do
         if [[ ",$needed_by," == *",$g,"* ]]; then
-            dpkg-query -W -f '${db:Status-Abbrev}' "$package" 2>/dev/null | grep -q '^ii' || missing+=("$package")
+            dpkg-query -W -f '${db:Status-Abbrev}' "$package" 2>/dev/null | grep -q '^ii' \
+                || has_programs "$programs" || missing+=("$package")
             break
         fi
     done
@@ -22,6 +31,11 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "bootstrap: installing ${missing[*]}" >&2
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    # Debian starts its broker (and epmd) on every address when it installs it. The farm's tests
+    # run their own on loopback; the farm role configures the host's. Nothing listens by default.
+    if [[ " ${missing[*]} " == *" rabbitmq-server "* ]] && [ -d /run/systemd/system ]; then
+        systemctl disable --now rabbitmq-server.service epmd.socket epmd.service >/dev/null 2>&1 || true
+    fi
 fi
 
 [[ " $groups " == *" molecule "* || " $groups " == *" lab "* ]] || exit 0

@@ -22,6 +22,7 @@ fi
 # second five-minute compile of the same llama-server.
 scripts/llama-server.sh >/dev/null
 scripts/lab-models.sh >/dev/null
+mkdir -p /var/cache/vcafleet/farm-node   # the example's node_modules, by lock hash (farm's tests fill it)
 
 name="vcafleet-fresh-$$"
 trap 'docker rm -f "$name" >/dev/null 2>&1 || true' EXIT
@@ -32,6 +33,7 @@ docker create --name "$name" \
     -v /var/cache/vcafleet/apt-archives:/var/cache/apt/archives \
     -v /var/cache/vcafleet/llama-server:/var/cache/vcafleet/llama-server:ro \
     -v /var/cache/vcafleet/models:/var/cache/vcafleet/models:ro \
+    -v /var/cache/vcafleet/farm-node:/var/cache/vcafleet/farm-node \
     -e PIP_CERT=/etc/vcafleet-host-ca.crt -e SSL_CERT_FILE=/etc/vcafleet-host-ca.crt \
     -e VCA_BOOTSTRAP_DOCKER=0 -e CI="${CI:-}" \
     -w /src "$tag" bash -euo pipefail -c '

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every check `make test` promises and prints one summary line per step.
-# Steps: yamllint, ansible-lint, ruff, pytest (tests/, then apps/vcamon/tests, apps/smem/tests), the install
+# Steps: yamllint, ansible-lint, ruff, pytest (tests/, then apps/vcamon/tests, apps/smem/tests, apps/farm/tests), the install
 # steps proved in a throwaway bare-Debian container (fresh), each molecule scenario, then
 # the node image (two builds bit-identical, a QEMU boot).
 # With arguments, only those groups run: lint, unit, fresh, molecule, image.
@@ -41,6 +41,7 @@ for g in $groups; do
         step pytest pytest -q tests
         step vcamon-tests pytest -q apps/vcamon/tests
         step smem-tests pytest -q apps/smem/tests
+        step farm-tests pytest -q apps/farm/tests
         ;;
     molecule)
         VCA_LAB_IMAGE=$(lab/image/build.sh) || exit 1

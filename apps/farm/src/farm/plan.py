@@ -1,0 +1,21 @@
+"""Split a job's frames into chunks, on Remotion Lambda's model."""
+
+from __future__ import annotations
+
+
+def plan_chunks(frames: int, nodes: int, *, min_chunk: int = 30, per_node: int = 4) -> list[tuple[int, int, int]]:
+    """(index, first_frame, last_frame) inclusive, covering [0, frames-1] once and in order.
+
+    About `per_node` chunks per node (so faster nodes, which pull more, even out the job), none
+    shorter than `min_chunk` frames unless the whole job is; lengths differ by at most one frame.
+    """
+    if frames < 1 or nodes < 1 or min_chunk < 1 or per_node < 1:
+        raise ValueError(f"frames, nodes, min_chunk, per_node must be >= 1: {frames}, {nodes}, {min_chunk}, {per_node}")
+    count = max(1, min(nodes * per_node, frames // min_chunk))
+    base, extra = divmod(frames, count)
+    chunks, first = [], 0
+    for index in range(count):
+        length = base + (index < extra)
+        chunks.append((index, first, first + length - 1))
+        first += length
+    return chunks

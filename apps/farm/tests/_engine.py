@@ -1,0 +1,400 @@
+"""The engine's test bed: a real rabbitmq-server bound to 127.0.0.1 on its own ports (AMQP, Erlang
+distribution, epmd) with its data under pytest's tmp dir; real Celery workers and a real coordinator
+as subprocesses, each in its own process group; a small HTTP stand-in of smem's lease routes.
+
+Waits are bounded by generous deadlines and poll the state; nothing assumes a speed."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+APP = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(APP / "src"))
+
+import uvicorn  # noqa: E402
+from celery import Celery  # noqa: E402
+from kombu import Connection  # noqa: E402
+from starlette.applications import Starlette  # noqa: E402
+from starlette.responses import JSONResponse  # noqa: E402
+from starlette.routing import Route  # noqa: E402
+
+from farm.db import DB  # noqa: E402
+
+PY = sys.executable
+RABBIT = next((p for p in ("/usr/lib/rabbitmq/bin/rabbitmq-server",) if os.path.exists(p)), "rabbitmq-server")
+EPMD = "epmd"
+SLOW = float(os.environ.get("FARM_TEST_DEADLINE_SCALE", "1"))   # a slower machine: stretch every deadline
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(what: str, check, timeout: float, every: float = 0.1):
+    """check() until it returns something true; fail with `what` after timeout (scaled) seconds."""
+    deadline = time.monotonic() + timeout * SLOW
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out after %.0f s waiting for %s" % (timeout * SLOW, what))
+        time.sleep(every)
+
+
+def stop_group(p: subprocess.Popen, sig=signal.SIGTERM, grace: float = 20.0) -> None:
+    if p.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(p.pid, sig)
+    try:
+        p.wait(grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait(10)
+
+
+def _listeners(ports: set[int]) -> list[tuple[str, int]]:
+    """(local address hex, port) of the LISTEN sockets on these ports, IPv4 and IPv6."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError), open(table) as f:
+            for line in list(f)[1:]:
+                local, state = line.split()[1], line.split()[3]
+                addr, port = local.rsplit(":", 1)
+                if state == "0A" and int(port, 16) in ports:
+                    found.append((addr, int(port, 16)))
+    return found
+
+
+class Broker:
+    def __init__(self, root: Path):
+        self.root = root
+        self.amqp, self.dist, self.epmd_port = free_port(), free_port(), free_port()
+        self.url = "amqp://guest:guest@127.0.0.1:%d//" % self.amqp
+        (root / "mnesia").mkdir(parents=True)
+        (root / "log").mkdir()
+        (root / "rabbitmq.conf").write_text(
+            "listeners.tcp.default = 127.0.0.1:%d\n"
+            "log.console = false\nlog.file.level = warning\n" % self.amqp)
+        (root / "enabled_plugins").write_text("[].\n")
+        (root / "rabbitmq-env.conf").write_text("")
+        self.env = {
+            **os.environ,
+            "HOME": str(root),                       # its own Erlang cookie
+            "RABBITMQ_NODENAME": "farmtest%d@localhost" % self.amqp,
+            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1", "RABBITMQ_NODE_PORT": str(self.amqp),
+            "RABBITMQ_DIST_PORT": str(self.dist),
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+            "ERL_EPMD_PORT": str(self.epmd_port), "ERL_EPMD_ADDRESS": "127.0.0.1",
+            "RABBITMQ_MNESIA_BASE": str(root / "mnesia"), "RABBITMQ_LOG_BASE": str(root / "log"),
+            "RABBITMQ_CONFIG_FILE": str(root / "rabbitmq.conf"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(root / "enabled_plugins"),
+            "RABBITMQ_CONF_ENV_FILE": str(root / "rabbitmq-env.conf"),
+            "RABBITMQ_PID_FILE": str(root / "rabbit.pid"),
+        }
+
+    def start(self) -> None:
+        self.epmd = subprocess.Popen([EPMD, "-port", str(self.epmd_port), "-address", "127.0.0.1"],
+                                     env=self.env, start_new_session=True,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.log = open(self.root / "server.out", "w")
+        self.proc = subprocess.Popen([RABBIT], env=self.env, cwd=self.root, start_new_session=True,
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+
+        def up():
+            if self.proc.poll() is not None:
+                raise AssertionError("rabbitmq-server exited:\n" + (self.root / "server.out").read_text()[-3000:])
+            try:
+                with Connection(self.url, connect_timeout=2) as c:
+                    c.ensure_connection(max_retries=1)
+                return True
+            except Exception:
+                return False
+        wait_for("rabbitmq-server on 127.0.0.1:%d" % self.amqp, up, 120, every=0.5)
+
+    def stop(self) -> None:
+        for p in (getattr(self, "proc", None), getattr(self, "epmd", None)):
+            if p is not None:
+                stop_group(p, grace=30)
+        if getattr(self, "log", None):
+            self.log.close()
+
+
+_broker: list[Broker] = []
+
+
+@pytest.fixture(scope="session", name="broker")
+def broker_fixture(tmp_path_factory):
+    """One broker for the session: each test module imports this fixture, and pytest would
+    otherwise start one per module."""
+    if not _broker:
+        b = Broker(tmp_path_factory.mktemp("rabbitmq"))
+        _broker.append(b)
+        try:
+            b.start()
+        except BaseException:
+            b.stop()
+            raise
+    yield _broker[0]
+    _broker[0].stop()      # at the session's end (a second call finds it stopped)
+
+
+class Farm:
+    """One test's farm: its settings file, workers, coordinator. Unique node names and reports queue
+    per test, so broadcasts and reports never cross tests on the shared broker."""
+
+    def __init__(self, broker: Broker, root: Path, tag: str, **settings):
+        self.broker, self.root, self.tag = broker, root, tag
+        root.mkdir(parents=True, exist_ok=True)
+        self.nodes = ["%s-node%d" % (tag, i) for i in range(3)]
+        self.settings = {
+            "broker_url": broker.url, "reports_queue": "farm.reports." + tag,
+            "db_path": str(root / "farm.db"), "parts_dir": str(root / "parts"), "work_dir": str(root / "work"),
+            "output_dir": str(root / "out"), "farm_nodes": self.nodes, "never_lend": [tag + "-node2x"],
+            "min_chunk": 10, "per_node": 4, "progress_interval_s": 0.5, "reconcile_interval_s": 2.0,
+            "poll_interval_s": 0.2, "failure_backoff_s": 1.5,
+            "lease_ttl_s": 30.0, "lease_renew_s": 2.0, "lease_retry_s": 1.0,
+            **settings,
+        }
+        self.config = root / "farm.toml"
+        self.write_config()
+        self.control = Celery("farm-test", broker=broker.url).control   # ping, inspect: this test's own
+        self.workers: dict[str, subprocess.Popen] = {}
+        self.coordinator: subprocess.Popen | None = None
+        self._db = None
+
+    def write_config(self) -> None:
+        lines = []
+        for k, v in self.settings.items():
+            if v is None:
+                continue
+            lines.append("%s = %s" % (k, json.dumps(v)))
+        self.config.write_text("\n".join(lines) + "\n")
+
+    @property
+    def db(self) -> DB:
+        if self._db is None:
+            self._db = DB(self.settings["db_path"])
+        return self._db
+
+    def env(self, **extra) -> dict:
+        return {**os.environ, "PYTHONPATH": str(APP / "src"), "FARM_CONFIG": str(self.config),
+                "PYTHONUNBUFFERED": "1", **extra}
+
+    def start_worker(self, node: str, **env) -> subprocess.Popen:
+        log = open(self.root / ("worker-%s.log" % node), "a")
+        p = subprocess.Popen([PY, str(APP / "tests" / "worker_main.py"), "--node", node, "--loglevel", "INFO"],
+                             env=self.env(**env), start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
+        self.workers[node] = p
+        return p
+
+    def start_workers(self, nodes=None, **env) -> None:
+        nodes = nodes or self.nodes
+        for n in nodes:
+            self.start_worker(n, **env)
+        self.wait_workers(nodes)
+
+    def wait_workers(self, nodes) -> None:
+        want = {"farm@" + n for n in nodes}
+
+        def answered():
+            for n, p in self.workers.items():
+                if n in nodes and p.poll() is not None:
+                    raise AssertionError("worker %s exited:\n%s" % (n, self.log("worker-%s.log" % n)))
+            got = {k for r in self.control.ping(destination=sorted(want), timeout=1.0) for k in r}
+            return want <= got
+        wait_for("workers %s to answer a ping" % sorted(want), answered, 90, every=0.2)
+
+    def start_coordinator(self) -> subprocess.Popen:
+        log = open(self.root / "coordinator.log", "a")
+        self.coordinator = subprocess.Popen([PY, "-m", "farm", "coordinator"], env=self.env(), cwd=self.root,
+                                            start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
+        return self.coordinator
+
+    def farm(self, *args, timeout: float = 120) -> subprocess.CompletedProcess:
+        """The CLI, as a user runs it."""
+        return subprocess.run([PY, "-m", "farm", *args], env=self.env(), capture_output=True, text=True,
+                              timeout=timeout * SLOW, check=False)
+
+    def submit(self, frames: int = 120, *, verify: bool = False, nodes=None, fps: int = 30) -> str:
+        spec = self.root / "spec.json"
+        spec.write_text(json.dumps({"renderer": "testsrc", "width": 320, "height": 180, "fps": fps,
+                                    "frames": frames}))
+        args = ["submit", "--spec", str(spec), "--out", str(self.root / "out" / "job.mp4"), "--detach",
+                "--nodes", *(nodes or self.nodes)]
+        r = self.farm(*args, *(["--verify"] if verify else []))
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip().splitlines()[-1]
+
+    def job(self, job_id: str) -> dict:
+        return self.db.job(job_id)
+
+    def wait_state(self, job_id: str, states, timeout: float = 120) -> dict:
+        """The job once in one of states (a final one: with its nodes given back, as the end does)."""
+        states = (states,) if isinstance(states, str) else states
+
+        def reached():
+            if self.coordinator is not None and self.coordinator.poll() is not None:
+                raise AssertionError("coordinator exited:\n" + self.log("coordinator.log"))
+            j = self.job(job_id)
+            released = j["nodes_released"] or j["state"] not in ("done", "failed", "cancelled")
+            return j if j["state"] in states and released else None
+        return wait_for("job %s to be %s" % (job_id, "/".join(states)), reached, timeout)
+
+    def attempts(self, job_id: str) -> list[dict]:
+        return self.db.rows("SELECT * FROM attempts WHERE job_id=? ORDER BY idx, n", (job_id,))
+
+    def log(self, name: str) -> str:
+        p = self.root / name
+        return p.read_text()[-6000:] if p.exists() else ""
+
+    def close(self) -> None:
+        for p in self.workers.values():
+            stop_group(p, signal.SIGKILL if p.poll() is None and _stopped(p) else signal.SIGTERM)
+        if self.coordinator is not None:
+            stop_group(self.coordinator)
+
+
+def _stopped(p: subprocess.Popen) -> bool:
+    """A SIGSTOPped worker ignores SIGTERM until continued: kill it."""
+    with contextlib.suppress(FileNotFoundError):
+        return open("/proc/%d/stat" % p.pid).read().split(")")[1].split()[0] == "T"
+    return False
+
+
+_tags = itertools.count()
+
+
+@pytest.fixture(name="make_farm")
+def make_farm_fixture(broker, tmp_path):
+    farms = []
+
+    def make(**settings) -> Farm:
+        f = Farm(broker, tmp_path / ("farm%d" % len(farms)), "t%d" % next(_tags), **settings)
+        farms.append(f)
+        return f
+    yield make
+    for f in farms:
+        f.close()
+
+
+# -- frames, by hash --------------------------------------------------------------------------------
+def frame_hashes(path: Path) -> list[str]:
+    """md5 of each decoded video frame, in order."""
+    out = subprocess.run(["ffmpeg", "-v", "error", "-nostdin", "-i", str(path), "-map", "0:v:0", "-f", "framemd5", "-"],
+                         capture_output=True, text=True, check=True).stdout
+    return [line.rsplit(",", 1)[1].strip() for line in out.splitlines() if line and not line.startswith("#")]
+
+
+# -- a stand-in of smem's lease routes ----------------------------------------------------------------
+class LeaseStandIn:
+    """POST/GET /v5/admin/leases, DELETE /v5/admin/leases/{id}, as smem answers them (201, 409, 404,
+    403 without the admin token), on 127.0.0.1. `calls` records every request. patch=True adds a
+    renew route (PATCH {ttlSeconds}) that smem does not have today."""
+
+    TOKEN = "admin-test-token"
+
+    def __init__(self, nodes: list[str] | None = None, *, patch: bool = False):
+        self.nodes, self.leases, self.calls, self.n = nodes, {}, [], 0
+        lock = threading.Lock()
+
+        def live():
+            now = time.time()
+            return {k: v for k, v in self.leases.items() if v["until"] > now and not v.get("released")}
+
+        async def create(request):
+            body = await request.json()
+            self.calls.append(("POST", body))
+            if request.headers.get("authorization") != "Bearer " + self.TOKEN:
+                return JSONResponse({"error": "admin token required"}, status_code=403)
+            with lock:
+                unknown = set(body["nodes"]) - set(self.nodes or body["nodes"])
+                if unknown:
+                    return JSONResponse({"error": "unknown node(s): %s" % sorted(unknown)}, status_code=400)
+                for lease in live().values():
+                    if set(lease["nodes"]) & set(body["nodes"]):
+                        return JSONResponse({"error": "node(s) already leased by %s" % lease["holder"]},
+                                            status_code=409)
+                self.n += 1
+                until = time.time() + body["ttlSeconds"]
+                lease = {"id": "lse_%d" % self.n, "nodes": sorted(body["nodes"]), "holder": body["holder"],
+                         "until": until, "expiresAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(until))}
+                self.leases[lease["id"]] = lease
+            return JSONResponse({**self._public(lease), "drained": True}, status_code=201)
+
+        async def renew(request):
+            lid = request.path_params["id"]
+            body = await request.json()
+            self.calls.append(("PATCH", lid))
+            with lock:
+                lease = live().get(lid)
+                if lease is None:
+                    return JSONResponse({"error": "no live lease %s" % lid}, status_code=404)
+                lease["until"] = time.time() + body["ttlSeconds"]
+                lease["expiresAt"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(lease["until"]))
+            return JSONResponse(self._public(lease))
+
+        async def listing(request):
+            self.calls.append(("GET", None))
+            return JSONResponse({"leases": [self._public(v) for v in live().values()]})
+
+        async def delete(request):
+            lid = request.path_params["id"]
+            self.calls.append(("DELETE", lid))
+            with lock:
+                lease = live().get(lid)
+                if lease is None:
+                    return JSONResponse({"error": "no live lease %s" % lid}, status_code=404)
+                lease["released"] = True
+            return JSONResponse({**self._public(lease), "released": True})
+
+        routes = [Route("/v5/admin/leases", create, methods=["POST"]),
+                  Route("/v5/admin/leases", listing, methods=["GET"]),
+                  Route("/v5/admin/leases/{id}", delete, methods=["DELETE"])]
+        if patch:
+            routes.append(Route("/v5/admin/leases/{id}", renew, methods=["PATCH"]))
+        app = Starlette(routes=routes)
+        self.port = free_port()
+        self.url = "http://127.0.0.1:%d" % self.port
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        wait_for("the lease stand-in", lambda: self.server.started, 30)
+
+    @staticmethod
+    def _public(v: dict) -> dict:
+        return {k: v[k] for k in ("id", "nodes", "holder", "expiresAt")}
+
+    def live(self) -> list[dict]:
+        now = time.time()
+        return [v for v in self.leases.values() if v["until"] > now and not v.get("released")]
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture(name="smem")
+def smem_fixture(tmp_path):
+    """A lease stand-in and its admin token file."""
+    s = LeaseStandIn()
+    s.token_file = tmp_path / "smem-admin-token"
+    s.token_file.write_text(LeaseStandIn.TOKEN + "\n")
+    yield s
+    s.stop()

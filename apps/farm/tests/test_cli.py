@@ -1,0 +1,85 @@
+"""The CLI and settings without a broker: node 2 is never lent, unknown settings are refused,
+submit records the planned chunks, cancel and status of unknown or finished jobs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+APP = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(APP / "src"))
+
+from farm.config import load  # noqa: E402
+from farm.db import DB  # noqa: E402
+
+
+def farm(tmp_path, *args):
+    cfg = tmp_path / "farm.toml"
+    if not cfg.exists():
+        cfg.write_text('db_path = "%s"\noutput_dir = "%s"\n' % (tmp_path / "farm.db", tmp_path / "out"))
+    return subprocess.run([sys.executable, "-m", "farm", "--config", str(cfg), *args], capture_output=True,
+                          text=True, env={"PYTHONPATH": str(APP / "src"), "PATH": "/usr/bin:/bin"}, check=False)
+
+
+def spec(tmp_path, frames=300):
+    p = tmp_path / "spec.json"
+    p.write_text(json.dumps({"renderer": "testsrc", "width": 320, "height": 180, "fps": 30, "frames": frames}))
+    return str(p)
+
+
+def test_node_2_is_never_lent(tmp_path):
+    s = load(None)
+    assert "vca-node2" in s.never_lend and "vca-node2" not in s.lendable and "vca-node3" not in s.lendable
+    r = farm(tmp_path, "submit", "--spec", spec(tmp_path), "--out", "x.mp4", "--nodes", "vca-node0", "vca-node2")
+    assert r.returncode != 0 and "vca-node2 is never lent" in r.stderr
+
+
+def test_unknown_settings_are_refused(tmp_path):
+    (tmp_path / "bad.toml").write_text("atempts = 3\n")
+    with pytest.raises(ValueError, match="unknown key atempts"):
+        load(tmp_path / "bad.toml")
+
+
+def test_submit_records_the_planned_job_and_cancel_needs_a_live_one(tmp_path):
+    r = farm(tmp_path, "submit", "--spec", spec(tmp_path), "--out", "x.mp4", "--detach")
+    assert r.returncode == 0, r.stderr
+    job_id = r.stdout.strip()
+    job = DB(tmp_path / "farm.db").view(job_id)
+    assert job["job"]["state"] == "submitted" and job["job"]["out"] == str(tmp_path / "out" / "x.mp4")
+    assert job["job"]["nodes"] == ["vca-node0", "vca-node1", "vca-node4", "vca-node5"]
+    assert [(c["first"], c["last"]) for c in job["chunks"]][:2] == [(0, 29), (30, 59)]   # 10 chunks of 30
+    r = farm(tmp_path, "status", job_id)
+    assert r.returncode == 0 and "submitted" in r.stdout and "0 / 300 frames" in r.stdout
+    r = farm(tmp_path, "cancel", job_id, "--wait", "0")
+    assert r.returncode == 0 and "when it runs" in r.stdout          # no coordinator here
+    assert farm(tmp_path, "status", "nosuchjob").returncode == 2
+    assert farm(tmp_path, "cancel", "nosuchjob").returncode == 2
+
+
+def test_a_config_cannot_lend_node_2_and_unknown_nodes_are_refused(tmp_path):
+    assert "vca-node2" in load(None, never_lend=[]).never_lend
+    r = farm(tmp_path, "submit", "--spec", spec(tmp_path), "--out", "x.mp4", "--nodes", "vca-node9", "--detach")
+    assert r.returncode != 0 and "vca-node9: not in farm_nodes" in r.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--spec", "/nonexistent/spec.json"], "No such file"),
+    (["--project", "/nonexistent", "--composition", "Hello"], "is not a Remotion project"),
+])
+def test_bad_submit_input_is_a_clear_error_and_records_nothing(tmp_path, args, message):
+    r = farm(tmp_path, "submit", *args, "--out", "x.mp4", "--detach")
+    assert r.returncode != 0 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "farm.db").exists() or DB(str(tmp_path / "farm.db")).rows("SELECT id FROM jobs") == []
+
+
+def test_bad_props_json_is_a_clear_error(tmp_path):
+    project = tmp_path / "p"
+    project.mkdir()
+    (project / "package.json").write_text("{}")
+    r = farm(tmp_path, "submit", "--project", str(project), "--composition", "Hello", "--props", "{not json",
+             "--out", "x.mp4", "--detach")
+    assert r.returncode != 0 and "bad input" in r.stderr and "Traceback" not in r.stderr, r.stderr
