@@ -3,6 +3,7 @@
 import hashlib
 import shutil
 import subprocess
+import wave
 
 import pytest
 
@@ -38,3 +39,9 @@ def decoded_frame_md5s(path):
     out = subprocess.run(["ffmpeg", "-v", "error", "-i", str(path), "-map", "0:v:0", "-f", "framemd5", "-"],
                          capture_output=True, text=True, check=True).stdout
     return [line.rsplit(",", 1)[1].strip() for line in out.splitlines() if line and not line.startswith("#")]
+
+
+def pcm(path):
+    """A wav file's frames, as bytes."""
+    with wave.open(str(path)) as w:
+        return w.readframes(w.getnframes())

@@ -1,12 +1,11 @@
 import json
-import wave
 
 import pytest
 
 from farm.join import JoinError, concat_wav, join, main
 from farm.render import reference_audio, render_chunk
 from farm.verify import verify
-from mediatools import decoded_frame_md5s, render_parts, require, sha256, src_spec
+from mediatools import decoded_frame_md5s, pcm, render_parts, require, sha256, src_spec
 
 FRAMES = 320  # 10.7 s at 30 fps: 10 frames a part at 32 parts
 
@@ -14,11 +13,6 @@ FRAMES = 320  # 10.7 s at 30 fps: 10 frames a part at 32 parts
 @pytest.fixture(autouse=True)
 def tools():
     require("ffmpeg", "ffprobe")
-
-
-def pcm(path):
-    with wave.open(str(path)) as w:
-        return w.readframes(w.getnframes())
 
 
 @pytest.mark.parametrize("parts", [2, 8, 32])

@@ -14,7 +14,7 @@ from farm.join import join
 from farm.plan import plan_chunks
 from farm.render import RenderError, reference_audio, render_chunk
 from farm.verify import probe, verify
-from mediatools import require, src_spec
+from mediatools import pcm, require, src_spec
 
 HELLO = Path(__file__).resolve().parents[1] / "examples" / "hello"
 
@@ -22,11 +22,6 @@ HELLO = Path(__file__).resolve().parents[1] / "examples" / "hello"
 @pytest.fixture(autouse=True)
 def tools():
     require("ffmpeg", "ffprobe")
-
-
-def pcm(path):
-    with wave.open(str(path)) as w:
-        return w.readframes(w.getnframes())
 
 
 def test_testsrc_part(tmp_path):
