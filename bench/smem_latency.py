@@ -44,6 +44,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "apps" / "smem" / "src"))
 
+from smem_locomo import table  # the benches print their tables one way
+
 DATA = ROOT.parent / "shared" / "bench-data" / "locomo10.json"
 LABEL = "lab models (all-MiniLM-L6-v2 int8 unless the server says otherwise), not hardware figures"
 
@@ -145,15 +147,6 @@ def search_latency(target: Target, ns_of_q, questions, *, n: int, warmup: int, b
 
 def row(name: str, v: list[float]) -> list[str]:
     return [name, "%.2f" % pct(v, 50), "%.2f" % pct(v, 95), "%.2f" % statistics.mean(v), "%.2f" % max(v)]
-
-
-def table(title, head, rows):
-    width = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
-    print("\n" + title)
-    print("| " + " | ".join(h.ljust(w) for h, w in zip(head, width, strict=True)) + " |")
-    print("|" + "|".join("-" * (w + 2) for w in width) + "|")
-    for r in rows:
-        print("| " + " | ".join(c.ljust(w) for c, w in zip(r, width, strict=True)) + " |")
 
 
 @contextlib.contextmanager

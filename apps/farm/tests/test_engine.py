@@ -39,6 +39,13 @@ def assert_every_chunk_once(farm, job_id):
     return chunks
 
 
+def restarted(farm, job_id, victim):
+    """The first later attempt of the victim's chunk that has started, or None."""
+    later = [a for a in farm.attempts(job_id) if a["idx"] == victim["idx"] and a["n"] > victim["n"]
+             and a["started_at"]]
+    return later[0] if later else None
+
+
 def test_the_broker_listens_on_loopback_only(broker):
     listening = _listeners({broker.amqp, broker.dist, broker.epmd_port})
     assert {port for _, port in listening} == {broker.amqp, broker.dist, broker.epmd_port}, listening
@@ -77,11 +84,7 @@ def test_kill_9_of_a_worker_mid_chunk_requeues_it_elsewhere(make_farm):
     os.killpg(worker.pid, signal.SIGKILL)          # the whole worker: main process, pool child, ffmpeg
     worker.wait(10)
 
-    def again():
-        later = [a for a in farm.attempts(job_id) if a["idx"] == victim["idx"] and a["n"] > victim["n"]
-                 and a["started_at"]]
-        return later[0] if later else None
-    retry = wait_for("chunk %d to start again" % victim["idx"], again, 120)
+    retry = wait_for("chunk %d to start again" % victim["idx"], lambda: restarted(farm, job_id, victim), 120)
     requeue_s = retry["started_at"] - killed_at
     farm.wait_state(job_id, ("done", "failed"), timeout=180)
     assert_every_chunk_once(farm, job_id)
@@ -103,12 +106,9 @@ def test_a_hung_worker_sigstop_is_requeued_after_the_heartbeat(make_farm):
     stopped_at = time.time()
     os.killpg(worker.pid, signal.SIGSTOP)          # a hung node (docker pause): no heartbeat, socket open
 
-    def again():
-        later = [a for a in farm.attempts(job_id) if a["idx"] == victim["idx"] and a["n"] > victim["n"]
-                 and a["started_at"]]
-        return later[0] if later else None
     # broker_heartbeat 10 s: RabbitMQ drops the connection after two missed beats, then re-delivers
-    retry = wait_for("chunk %d to start again after the heartbeat" % victim["idx"], again, 90)
+    retry = wait_for("chunk %d to start again after the heartbeat" % victim["idx"],
+                     lambda: restarted(farm, job_id, victim), 90)
     requeue_s = retry["started_at"] - stopped_at
     os.killpg(worker.pid, signal.SIGCONT)          # the node comes back: its late work must not count twice
     farm.wait_state(job_id, ("done", "failed"), timeout=180)
