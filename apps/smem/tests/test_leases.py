@@ -111,7 +111,8 @@ def test_an_expired_lease_gives_its_node_back_by_itself(farm):
 def test_leases_and_lanes_are_admin_only_and_check_their_input(farm):
     svc, _, _ = farm
     for method, path in (("POST", "/v5/admin/leases"), ("GET", "/v5/admin/leases"),
-                         ("DELETE", "/v5/admin/leases/lse_0"), ("GET", "/v5/admin/lanes")):
+                         ("DELETE", "/v5/admin/leases/lse_0"), ("PATCH", "/v5/admin/leases/lse_0"),
+                         ("GET", "/v5/admin/lanes")):
         r = svc.call(method, path, "alice", json={"nodes": ["i0"], "holder": "x", "ttlSeconds": 5})
         assert r.status_code == 403 and r.json() == {"error": "forbidden: this needs an admin token"}
         assert svc.client.request(method, path).status_code == 401
@@ -122,6 +123,86 @@ def test_leases_and_lanes_are_admin_only_and_check_their_input(farm):
                 {"nodes": ["i0"], "ttlSeconds": 5}, {"nodes": ["i0"], "holder": "x", "ttlSeconds": 5, "extra": 1}):
         assert svc.call("POST", "/v5/admin/leases", "admin", json=bad).status_code == 400
     assert svc.db.scalar("SELECT count(*) FROM leases") == 0
+
+
+def renew(svc, lease_id, who="admin", **kw):
+    return svc.call("PATCH", "/v5/admin/leases/" + lease_id, who, **kw)
+
+
+def epoch(t: str) -> float:
+    return datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp()
+
+
+def sleep_past(expires_at: str) -> None:
+    time.sleep(max(0.0, epoch(expires_at) - time.time()) + 0.1)
+
+
+def test_a_renewed_lease_keeps_its_id_and_nodes_and_outlives_its_first_expiry(farm, lane_service):
+    svc, settings, _ = farm
+    svc.remember("alice", "The ferry to Vaxholm leaves at 9:40.")  # no extraction: no chat call
+    first = lease(svc, ["i0"], ttl=2).json()
+    before = time.time()
+    r = renew(svc, first["id"], json={"ttlSeconds": 60})
+    after = time.time()
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body == svc.call("GET", "/v5/admin/leases", "admin").json()["leases"][0]   # the lease as GET shows it
+    assert {k: body[k] for k in ("id", "nodes", "holder", "createdAt")} == \
+        {k: first[k] for k in ("id", "nodes", "holder", "createdAt")}
+    assert body["expiresAt"] > first["expiresAt"]
+    assert before + 60 - 0.01 <= epoch(body["expiresAt"]) <= after + 60 + 0.01   # now + ttl
+
+    sleep_past(first["expiresAt"])    # the first expiry has passed: the node stays lent, to the same lease
+    assert svc.search("alice", "ferry")["served"]["embed"] == "interactive/i1"
+    assert svc.call("GET", "/v5/admin/leases", "admin").json()["leases"] == [body]
+    assert svc.call("GET", "/v5/admin/lanes", "admin").json()["lanes"]["interactive"]["nodes"]["i0"]["leasedBy"] \
+        == {k: body[k] for k in ("id", "holder", "expiresAt")}
+    assert lease(svc, ["i0"]).status_code == 409
+    again = lane_service(settings, svc.path)    # the database holds the new expiry: a restart honours it
+    assert again.search("alice", "ferry")["served"]["embed"] == "interactive/i1"
+
+
+def test_an_expired_or_released_lease_cannot_be_renewed(farm):
+    svc, _, _ = farm
+    svc.remember("alice", "The ferry to Vaxholm leaves at 9:40.")  # no extraction: no chat call
+    old = lease(svc, ["i0"], ttl=1).json()
+    sleep_past(old["expiresAt"])
+    r = renew(svc, old["id"], json={"ttlSeconds": 60})
+    assert r.status_code == 404 and r.json() == {"error": "no live lease %s" % old["id"]}
+    assert svc.call("GET", "/v5/admin/leases", "admin").json()["leases"] == []
+    assert svc.search("alice", "ferry")["served"]["embed"] == "interactive/i0"    # not revived in the lanes
+    assert svc.db.scalar("SELECT expires_at FROM leases WHERE id=?", (old["id"],)) == old["expiresAt"]
+
+    new = lease(svc, ["i0"]).json()              # its node lent again: the old lease still stays dead
+    assert renew(svc, old["id"], json={"ttlSeconds": 60}).status_code == 404
+    assert svc.call("GET", "/v5/admin/leases", "admin").json()["leases"] == \
+        [{k: v for k, v in new.items() if k != "drained"}]
+    assert svc.call("DELETE", "/v5/admin/leases/" + new["id"], "admin").status_code == 200
+    assert renew(svc, new["id"], json={"ttlSeconds": 60}).status_code == 404    # released
+    assert renew(svc, "lse_unknown", json={"ttlSeconds": 60}).status_code == 404
+    assert svc.call("GET", "/v5/admin/leases", "admin").json()["leases"] == []
+
+
+def test_renew_checks_its_body(farm):
+    svc, _, _ = farm
+    made = lease(svc, ["i0"]).json()
+    for bad in ({"ttlSeconds": 0}, {"ttlSeconds": -5}, {"ttlSeconds": "60"}, {"ttlSeconds": None},
+                {"ttlSeconds": 30 * 86400 + 1}, {}, {"ttlSeconds": 5, "holder": "x"}, [5], 5):
+        r = renew(svc, made["id"], json=bad)
+        assert r.status_code == 400 and r.json()["error"], (bad, r.text)
+    assert renew(svc, made["id"], content=b"{ttlSeconds: 5").status_code == 400
+    assert svc.call("GET", "/v5/admin/leases", "admin").json()["leases"][0]["expiresAt"] == made["expiresAt"]
+
+
+def test_renew_needs_an_admin_token(farm):
+    svc, _, _ = farm
+    made = lease(svc, ["i0"]).json()
+    assert svc.client.patch("/v5/admin/leases/" + made["id"], json={"ttlSeconds": 5}).status_code == 401
+    assert svc.client.patch("/v5/admin/leases/" + made["id"], json={"ttlSeconds": 5},
+                            headers={"Authorization": "Bearer smem_wrong"}).status_code == 401
+    r = renew(svc, made["id"], "alice", json={"ttlSeconds": 5})
+    assert r.status_code == 403 and r.json() == {"error": "forbidden: this needs an admin token"}
+    assert svc.call("GET", "/v5/admin/leases", "admin").json()["leases"][0]["expiresAt"] == made["expiresAt"]
 
 
 def test_a_lease_is_kept_in_the_database(tmp_path):

@@ -52,6 +52,7 @@ LEASE = _schema({"nodes": {"type": "array", "minItems": 1, "items": {"type": "st
                  "holder": {"type": "string", "minLength": 1, "maxLength": 200},
                  "ttlSeconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 30 * 86400}},
                 ["nodes", "holder", "ttlSeconds"])
+RENEW = _schema({"ttlSeconds": LEASE.schema["properties"]["ttlSeconds"]}, ["ttlSeconds"])
 
 # Supermemory's /v3 and /v4 shapes: the namespace is the one container tag; rerank may be a boolean there.
 _TAGS = {"type": "array", "items": {"type": "string"}}
@@ -322,6 +323,11 @@ class API:
         await self._admin(request)
         return JSONResponse({"leases": await run_in_threadpool(self.leases.live)})
 
+    async def renew_lease(self, request):
+        await self._admin(request)
+        b = await self._body(request, RENEW)
+        return JSONResponse(await run_in_threadpool(self.leases.renew, request.path_params["id"], b["ttlSeconds"]))
+
     async def delete_lease(self, request):
         await self._admin(request)
         return JSONResponse(await run_in_threadpool(self.leases.release, request.path_params["id"]))
@@ -347,6 +353,7 @@ class API:
             Route("/v5/admin/leases", w(self.create_lease), methods=["POST"]),
             Route("/v5/admin/leases", w(self.list_leases), methods=["GET"]),
             Route("/v5/admin/leases/{id}", w(self.delete_lease), methods=["DELETE"]),
+            Route("/v5/admin/leases/{id}", w(self.renew_lease), methods=["PATCH"]),
             Route("/v5/admin/lanes", w(self.admin_lanes), methods=["GET"]),
             Route("/v3/documents", w(self.v3_add_document), methods=["POST"]),
             Route("/v3/search", w(self.v3_search), methods=["POST"]),

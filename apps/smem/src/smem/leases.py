@@ -60,6 +60,28 @@ class Leases:
                     if any(n in cfg["nodes"] for n in nodes))
         return {**lease, "drained": self.lanes.drain(lease["nodes"], bound)}
 
+    def renew(self, lease_id: str, ttl_s: float) -> dict:
+        """The live lease extended in place: same id and nodes, expiresAt = now + ttl_s. An expired or
+        released lease is NotFound: its nodes may have been lent again, so it cannot be revived."""
+        before = None
+        try:
+            with self.db.tx() as c:
+                row = self.db.one("SELECT * FROM leases WHERE id=? AND released_at IS NULL AND expires_at > ?",
+                                  (lease_id, now()))
+                if row is None:
+                    raise NotFound("no live lease %s" % lease_id)
+                before = _public(row)
+                lease = {**before, "expiresAt": iso(time.time() + ttl_s)}
+                c.execute("UPDATE leases SET expires_at=? WHERE id=?", (lease["expiresAt"], lease_id))
+                # Mirrored before the commit, under the write lock: a DELETE of this lease commits after
+                # it, so its unlease comes after this too and cannot be undone by it.
+                self._mirror(lease)
+        except BaseException:
+            if before is not None:   # the commit failed: the lanes go back to what the database holds
+                self._mirror(before)
+            raise
+        return lease
+
     def release(self, lease_id: str) -> dict:
         with self.db.tx() as c:
             row = self.db.one("SELECT * FROM leases WHERE id=? AND released_at IS NULL AND expires_at > ?",
