@@ -23,6 +23,7 @@ import pytest
 APP = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(APP / "src"))
 
+import httpx  # noqa: E402
 import uvicorn  # noqa: E402
 from celery import Celery  # noqa: E402
 from kombu import Connection  # noqa: E402
@@ -177,15 +178,46 @@ class Farm:
         self.control = Celery("farm-test", broker=broker.url).control   # ping, inspect: this test's own
         self.workers: dict[str, subprocess.Popen] = {}
         self.coordinator: subprocess.Popen | None = None
+        self.api: subprocess.Popen | None = None
+        self.api_url: str | None = None
         self._db = None
 
     def write_config(self) -> None:
-        lines = []
-        for k, v in self.settings.items():
-            if v is None:
-                continue
-            lines.append("%s = %s" % (k, json.dumps(v)))
-        self.config.write_text("\n".join(lines) + "\n")
+        write_toml(self.config, self.settings)
+
+    def worker_config(self, node: str, **overrides) -> Path:
+        """A worker's own settings file: the farm's, with overrides."""
+        path = self.root / ("farm-%s.toml" % node)
+        write_toml(path, {**self.settings, **overrides})
+        return path
+
+    def remote_worker_config(self, node: str, **overrides) -> Path:
+        """A worker that shares no directory with the host (host_url): parts and cache of its own."""
+        own = self.root / node
+        return self.worker_config(node, host_url=self.api_url, worker_token_file=str(self.root / "worker-token"),
+                                  parts_dir=str(own / "parts"), cache_dir=str(own / "cache"), **overrides)
+
+    def start_api(self) -> str:
+        """`farm api` on a free loopback port, both tokens; host_url set for the workers."""
+        port = free_port()
+        (self.root / "api-token").write_text("api-test-token\n")
+        (self.root / "worker-token").write_text("worker-test-token\n")
+        self.api_url = "http://127.0.0.1:%d" % port
+        self.settings.update(api_listen="127.0.0.1:%d" % port, api_token_file=str(self.root / "api-token"),
+                             worker_token_file=str(self.root / "worker-token"))
+        self.write_config()
+        log = open(self.root / "api.log", "a")
+        self.api = subprocess.Popen([PY, "-m", "farm", "api"], env=self.env(), cwd=self.root,
+                                    start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
+
+        def up():
+            if self.api.poll() is not None:
+                raise AssertionError("farm api exited:\n" + self.log("api.log"))
+            with contextlib.suppress(httpx.HTTPError):
+                return httpx.get(self.api_url + "/v1/jobs", headers={"Authorization": "Bearer api-test-token"},
+                                 timeout=2).status_code == 200
+        wait_for("farm api on %s" % self.api_url, up, 60, every=0.2)
+        return self.api_url
 
     @property
     def db(self) -> DB:
@@ -197,8 +229,10 @@ class Farm:
         return {**os.environ, "PYTHONPATH": str(APP / "src"), "FARM_CONFIG": str(self.config),
                 "PYTHONUNBUFFERED": "1", **extra}
 
-    def start_worker(self, node: str, **env) -> subprocess.Popen:
+    def start_worker(self, node: str, config: Path | None = None, **env) -> subprocess.Popen:
         log = open(self.root / ("worker-%s.log" % node), "a")
+        if config:
+            env["FARM_CONFIG"] = str(config)
         p = subprocess.Popen([PY, str(APP / "tests" / "worker_main.py"), "--node", node, "--loglevel", "INFO"],
                              env=self.env(**env), start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
         self.workers[node] = p
@@ -221,9 +255,11 @@ class Farm:
             return want <= got
         wait_for("workers %s to answer a ping" % sorted(want), answered, 90, every=0.2)
 
-    def start_coordinator(self) -> subprocess.Popen:
+    def start_coordinator(self, **env) -> subprocess.Popen:
+        """`farm coordinator`; with env (its faults, see coordinator_main.py) the tests' wrapper of it."""
         log = open(self.root / "coordinator.log", "a")
-        self.coordinator = subprocess.Popen([PY, "-m", "farm", "coordinator"], env=self.env(), cwd=self.root,
+        argv = [str(APP / "tests" / "coordinator_main.py")] if env else ["-m", "farm", "coordinator"]
+        self.coordinator = subprocess.Popen([PY, *argv], env=self.env(**env), cwd=self.root,
                                             start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
         return self.coordinator
 
@@ -232,10 +268,11 @@ class Farm:
         return subprocess.run([PY, "-m", "farm", *args], env=self.env(), capture_output=True, text=True,
                               timeout=timeout * SLOW, check=False)
 
-    def submit(self, frames: int = 120, *, verify: bool = False, nodes=None, fps: int = 30) -> str:
+    def submit(self, frames: int = 120, *, verify: bool = False, nodes=None, fps: int = 30, **extra) -> str:
+        """A testsrc job (extra: more of the spec), detached; its id."""
         spec = self.root / "spec.json"
         spec.write_text(json.dumps({"renderer": "testsrc", "width": 320, "height": 180, "fps": fps,
-                                    "frames": frames}))
+                                    "frames": frames, **extra}))
         args = ["submit", "--spec", str(spec), "--out", str(self.root / "out" / "job.mp4"), "--detach",
                 "--nodes", *(nodes or self.nodes)]
         r = self.farm(*args, *(["--verify"] if verify else []))
@@ -267,8 +304,29 @@ class Farm:
     def close(self) -> None:
         for p in self.workers.values():
             stop_group(p, signal.SIGKILL if p.poll() is None and _stopped(p) else signal.SIGTERM)
-        if self.coordinator is not None:
-            stop_group(self.coordinator)
+        for p in (self.coordinator, self.api):
+            if p is not None:
+                stop_group(p)
+
+
+def write_toml(path: Path, settings: dict) -> None:
+    """JSON is TOML for strings, numbers, booleans and lists; a dict becomes an inline table."""
+    def value(v):
+        if isinstance(v, dict):
+            return "{%s}" % ", ".join("%s = %s" % (json.dumps(k), value(x)) for k, x in v.items())
+        return json.dumps(v)
+    path.write_text("".join("%s = %s\n" % (k, value(v)) for k, v in settings.items() if v is not None))
+
+
+def processes_naming(marker: str) -> list[str]:
+    """The command lines of the live processes (zombies have none) whose argv contains marker."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError), open("/proc/%s/cmdline" % pid, "rb") as f:
+            line = f.read().replace(b"\0", b" ").decode(errors="replace")
+            if marker in line and int(pid) != os.getpid():
+                found.append(line)
+    return found
 
 
 def _stopped(p: subprocess.Popen) -> bool:
@@ -295,6 +353,24 @@ def make_farm_fixture(broker, tmp_path):
 
 
 # -- frames, by hash --------------------------------------------------------------------------------
+def assert_every_chunk_once(farm, job_id):
+    """Done, verified, and the output's frames are the parts' frames, each index exactly once, in order."""
+    job = farm.job(job_id)
+    assert job["state"] == "done", (job["state"], job["reason"], farm.log("coordinator.log"))
+    assert job["result"]["verify"]["ok"], job["result"]["verify"]
+    chunks = farm.db.rows("SELECT * FROM chunks WHERE job_id=? ORDER BY idx", (job_id,))
+    assert [c["state"] for c in chunks] == ["done"] * len(chunks)
+    parts = farm.root / "parts"
+    want = []
+    for c in chunks:
+        hashes = frame_hashes(parts / c["video"])
+        assert len(hashes) == c["last"] - c["first"] + 1
+        want += hashes
+    got = frame_hashes(job["out"])
+    assert len(got) == job["frames"] and got == want
+    return chunks
+
+
 def frame_hashes(path: Path) -> list[str]:
     """md5 of each decoded video frame, in order."""
     out = subprocess.run(["ffmpeg", "-v", "error", "-nostdin", "-i", str(path), "-map", "0:v:0", "-f", "framemd5", "-"],

@@ -1,8 +1,13 @@
-"""The HTTP API over the same database as the CLI: submit, status, cancel, the token, the address."""
+"""The HTTP API over the same database as the CLI: submit, status, cancel, the tokens, the address;
+the workers' routes: bundles by hash, part uploads."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import sys
+import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -11,18 +16,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from starlette.testclient import TestClient
 
+from farm import remotion
 from farm.api import build, listen_address
 from farm.config import load
+from farm.db import DB
+from farm.remotion import tree_hash
 
 SPEC = {"renderer": "testsrc", "width": 320, "height": 180, "fps": 30, "frames": 120}
 
 
 @pytest.fixture
 def api(tmp_path):
-    s = load(None, db_path=str(tmp_path / "farm.db"), output_dir=str(tmp_path / "out"))
-    client = TestClient(build(s, "secret"))
+    s = load(None, db_path=str(tmp_path / "farm.db"), output_dir=str(tmp_path / "out"),
+             work_dir=str(tmp_path / "work"), parts_dir=str(tmp_path / "parts"))
+    client = TestClient(build(s, "secret", "worker-secret"))
     client.headers["Authorization"] = "Bearer secret"
+    client.settings = s
     return client
+
+
+def as_worker(api):
+    api.headers["Authorization"] = "Bearer worker-secret"
+    return api
+
+
+def put_part(api, jid, name, body: bytes, digest: str | None = None):
+    return api.put("/v1/jobs/%s/parts/%s" % (jid, name), content=body,
+                   headers={"X-Content-SHA256": digest if digest is not None else hashlib.sha256(body).hexdigest()})
 
 
 def test_submit_status_cancel(api):
@@ -55,3 +75,82 @@ def test_the_api_listens_on_loopback_unless_told():
     with pytest.raises(SystemExit, match="not a loopback"):
         listen_address(load(None, api_listen="0.0.0.0:8790"))
     assert listen_address(load(None, api_listen="0.0.0.0:8790", allow_public_listen=True)) == ("0.0.0.0", 8790)
+
+
+def test_the_tokens_open_only_their_routes(api, tmp_path):
+    jid = api.post("/v1/jobs", json={"spec": SPEC, "out": "a.mp4"}).json()["id"]
+    digest = make_bundle(tmp_path / "work")
+    routes = [("GET", "/v1/jobs"), ("GET", "/v1/jobs/" + jid), ("POST", "/v1/jobs"), ("DELETE", "/v1/jobs/" + jid),
+              ("GET", "/v1/bundles/" + digest), ("PUT", "/v1/jobs/%s/parts/part-00000.ts" % jid)]
+    allowed = {"secret": {"GET /v1/jobs", "GET /v1/jobs/" + jid, "POST /v1/jobs", "DELETE /v1/jobs/" + jid,
+                          "GET /v1/bundles/" + digest},
+               "worker-secret": {"GET /v1/bundles/" + digest, "PUT /v1/jobs/%s/parts/part-00000.ts" % jid}}
+    for token, mine in allowed.items():
+        for verb, route in routes:
+            r = api.request(verb, route, headers={"Authorization": "Bearer " + token})
+            key = "%s %s" % (verb, route)
+            assert (r.status_code != 403) is (key in mine), (token, key, r.status_code)
+            assert r.status_code != 401
+    for verb, route in routes:
+        for headers in ({"Authorization": ""}, {"Authorization": "Bearer wrong"}, {"Authorization": "secret"}):
+            assert api.request(verb, route, headers=headers).status_code == 401, (verb, route, headers)
+    with pytest.raises(ValueError, match="must differ"):
+        build(api.settings, "same", "same")
+
+
+def make_bundle(work: Path) -> str:
+    staged = work / "bundles" / ".new"
+    (staged / "static").mkdir(parents=True)
+    (staged / "index.html").write_text("<html/>")
+    (staged / "static" / "app.js").write_text("x=1")
+    digest = tree_hash(staged)
+    staged.rename(staged.with_name(digest))
+    return digest
+
+
+def test_a_bundle_is_a_tar_of_its_files(api, tmp_path):
+    digest = make_bundle(tmp_path / "work")
+    r = as_worker(api).get("/v1/bundles/" + digest)
+    assert r.status_code == 200 and r.headers["content-type"] == "application/x-tar"
+    with tarfile.open(fileobj=io.BytesIO(r.content)) as tar:
+        assert sorted(m.name for m in tar) == ["index.html", "static", "static/app.js"]
+        assert tar.extractfile("static/app.js").read() == b"x=1"
+    assert api.get("/v1/bundles/" + "0" * 64).status_code == 404
+    assert api.get("/v1/bundles/" + digest[:-1] + "X").status_code == 404
+    assert api.get("/v1/bundles/..%2F..%2Fetc").status_code == 404
+
+
+def test_a_part_upload(api):
+    jid = api.post("/v1/jobs", json={"spec": SPEC, "out": "a.mp4"}).json()["id"]
+    as_worker(api)
+    folder = Path(api.settings.parts_dir) / jid
+    r = put_part(api, jid, "part-00001.wav", b"RIFF...")
+    assert r.status_code == 201 and r.json()["bytes"] == 7, r.text
+    assert (folder / "part-00001.wav").read_bytes() == b"RIFF..."
+    assert put_part(api, jid, "part-00001.wav", b"again").status_code == 201
+    assert (folder / "part-00001.wav").read_bytes() == b"again"          # replaced whole
+    # a body that is not what its header says
+    r = put_part(api, jid, "part-00002.ts", b"the part", hashlib.sha256(b"another").hexdigest())
+    assert r.status_code == 400 and "sha256" in r.json()["error"]
+    assert not (folder / "part-00002.ts").exists()
+    for name in ("part-1.ts", "part-00001.mp4", "..%2Fpart-00001.ts", ".part-00001.ts", "part-000011.ts"):
+        assert put_part(api, jid, name, b"x").status_code in (400, 404), name
+    assert put_part(api, jid, "part-00002.ts", b"x", "").status_code == 400          # no header
+    assert put_part(api, jid, "part-00002.ts", b"x", "abc").status_code == 400
+    assert sorted(p.name for p in folder.iterdir()) == ["part-00001.wav"]           # no temporary left
+    # only a live job takes parts
+    assert put_part(api, "nosuchjob", "part-00001.ts", b"x").status_code == 409
+    DB(api.settings.db_path).c.execute("UPDATE jobs SET state='joining' WHERE id=?", (jid,))
+    assert put_part(api, jid, "part-00003.ts", b"x").status_code == 409
+    assert not (folder / "part-00003.ts").exists()
+
+
+def test_a_job_from_a_project_records_its_bundle_time(api, monkeypatch, tmp_path):
+    def job_spec(project, composition, props, settings):
+        time.sleep(0.2)
+        return {**SPEC, "renderer": "remotion", "bundle": str(tmp_path), "composition": composition}
+    monkeypatch.setattr(remotion, "job_spec", job_spec)
+    r = api.post("/v1/jobs", json={"project": str(tmp_path), "composition": "Hello", "out": "a.mp4"})
+    assert r.status_code == 201, r.text
+    v = api.get("/v1/jobs/" + r.json()["id"]).json()
+    assert 0.2 <= v["job"]["timings"]["bundle_s"] < 5 and v["timings"] == v["job"]["timings"]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -83,3 +85,38 @@ def test_bad_props_json_is_a_clear_error(tmp_path):
     r = farm(tmp_path, "submit", "--project", str(project), "--composition", "Hello", "--props", "{not json",
              "--out", "x.mp4", "--detach")
     assert r.returncode != 0 and "bad input" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_job_from_a_project_records_its_bundle_time(tmp_path, monkeypatch, capsys):
+    from farm import cli, remotion  # noqa: PLC0415 (in-process: job_spec stands in for a Remotion bundle)
+
+    def job_spec(project, composition, props, settings):
+        time.sleep(0.2)
+        return {"renderer": "remotion", "frames": 90, "fps": 30, "composition": composition, "props": props}
+    monkeypatch.setattr(remotion, "job_spec", job_spec)
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "package.json").write_text("{}")
+    farm(tmp_path, "status")          # writes the config
+    assert cli.main(["--config", str(tmp_path / "farm.toml"), "submit", "--project", str(tmp_path / "p"),
+                     "--composition", "Hello", "--out", "x.mp4", "--detach"]) == 0
+    v = DB(tmp_path / "farm.db").view(capsys.readouterr().out.strip())
+    assert 0.2 <= v["job"]["timings"]["bundle_s"] < 5 and v["timings"] == {"bundle_s": v["job"]["timings"]["bundle_s"]}
+    r = farm(tmp_path, "status", v["job"]["id"])
+    assert "timings" in r.stdout and "bundle 0." in r.stdout, r.stdout
+
+
+def test_a_cancel_that_comes_too_late_says_so(tmp_path):
+    """Cancel requested while the last chunk's report was on its way: the job joins and ends done."""
+    r = farm(tmp_path, "submit", "--spec", spec(tmp_path), "--out", "x.mp4", "--detach")
+    job_id = r.stdout.strip()
+    db = DB(tmp_path / "farm.db")
+    db.c.execute("UPDATE jobs SET state='running' WHERE id=?", (job_id,))
+
+    def coordinator():           # what the coordinator does meanwhile: joining, then done
+        time.sleep(1.0)
+        db.c.execute("UPDATE jobs SET state='done', reason='verified', nodes_released=1 WHERE id=?", (job_id,))
+    t = threading.Thread(target=coordinator)
+    t.start()
+    r = farm(tmp_path, "cancel", job_id, "--wait", "20")
+    t.join()
+    assert r.returncode == 1 and "ended done before the cancel took: verified" in r.stdout, (r.stdout, r.stderr)

@@ -11,7 +11,14 @@ import signal
 import time
 
 import pytest
-from _engine import _listeners, broker_fixture, frame_hashes, make_farm_fixture, wait_for  # noqa: F401 (fixtures)
+from _engine import (  # noqa: F401 (fixtures)
+    _listeners,
+    assert_every_chunk_once,
+    broker_fixture,
+    make_farm_fixture,
+    processes_naming,
+    wait_for,
+)
 from kombu import Connection
 
 CHUNK_S = "1.0"
@@ -19,24 +26,6 @@ CHUNK_S = "1.0"
 
 def started(farm, job_id):
     return [a for a in farm.attempts(job_id) if a["state"] == "started"]
-
-
-def assert_every_chunk_once(farm, job_id):
-    """Done, verified, and the output's frames are the parts' frames, each index exactly once, in order."""
-    job = farm.job(job_id)
-    assert job["state"] == "done", (job["state"], job["reason"], farm.log("coordinator.log"))
-    assert job["result"]["verify"]["ok"], job["result"]["verify"]
-    chunks = farm.db.rows("SELECT * FROM chunks WHERE job_id=? ORDER BY idx", (job_id,))
-    assert [c["state"] for c in chunks] == ["done"] * len(chunks)
-    parts = farm.root / "parts"
-    want = []
-    for c in chunks:
-        hashes = frame_hashes(parts / c["video"])
-        assert len(hashes) == c["last"] - c["first"] + 1
-        want += hashes
-    got = frame_hashes(job["out"])
-    assert len(got) == job["frames"] and got == want
-    return chunks
 
 
 def restarted(farm, job_id, victim):
@@ -208,3 +197,23 @@ def test_cancel_stops_the_job_and_gives_its_nodes_back(make_farm):
     assert len(farm.attempts(job_id)) == n
     assert not [a for a in farm.attempts(job_id) if a["state"] in ("queued", "started")]
     assert farm.farm("cancel", job_id).returncode == 2          # cancelled already
+
+
+def test_cancel_stops_what_the_render_runs_too(make_farm):
+    """The render's ffmpeg is a grandchild of the pool child, as Remotion's are (node starts chromium and
+    its compositor): revoke's SIGTERM reaches the pool child only, and the render's process group must go."""
+    farm = make_farm()
+    slow = farm.root / "bin"
+    slow.mkdir()
+    (slow / "ffmpeg").write_text('#!/bin/sh\n# ffmpeg at real time, a child of this shell\n/usr/bin/ffmpeg -re "$@"\n')
+    (slow / "ffmpeg").chmod(0o755)
+    farm.start_workers(PATH="%s:%s" % (slow, os.environ["PATH"]))
+    farm.start_coordinator()
+    job_id = farm.submit(frames=6000)      # 12 chunks of 500 frames: about 17 s each at real time
+    parts = str(farm.root / "parts" / job_id)
+    wait_for("three ffmpeg renders of the job", lambda: len(
+        [p for p in processes_naming(parts) if p.startswith("/usr/bin/ffmpeg")]) == 3, 60)
+    r = farm.farm("cancel", job_id)
+    assert r.returncode == 0 and "cancelled" in r.stdout, (r.stdout, r.stderr)
+    wait_for("no process of the job left", lambda: not processes_naming(parts), 5)
+    assert not [a for a in farm.attempts(job_id) if a["state"] in ("queued", "started", "done")]

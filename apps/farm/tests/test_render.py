@@ -17,6 +17,7 @@ from farm.verify import probe, verify
 from mediatools import pcm, require, src_spec
 
 HELLO = Path(__file__).resolve().parents[1] / "examples" / "hello"
+WORKER_MODULES = Path(__file__).resolve().parents[1] / "remotion-worker"   # what the farm role installs on nodes
 
 
 @pytest.fixture(autouse=True)
@@ -72,9 +73,13 @@ def test_failed_render_leaves_nothing(tmp_path):
 def test_remotion_hello_in_two_chunks(tmp_path):
     """The example composition bundled, rendered in 2 chunks with Debian's chromium, joined, and
     checked against a single-node render of the whole: frames, audio offset and drift, PSNR. The
-    chunks' PCM is the single-node render's, bit for bit."""
+    chunks' PCM is the single-node render's, bit for bit. The renders use the workers' package set
+    (@remotion/renderer and its peers, no CLI or bundler), as the nodes do."""
     require("node", "npm", "chromium")
-    settings = Settings(work_dir=str(tmp_path / "work"), render={"browser": "/usr/bin/chromium"})
+    worker_modules = remotion.ensure_node_modules(WORKER_MODULES)
+    assert not (worker_modules / "@remotion" / "cli").exists()
+    settings = Settings(work_dir=str(tmp_path / "work"),
+                        render={"browser": "/usr/bin/chromium", "node_modules": str(worker_modules)})
     spec = remotion.job_spec(HELLO, "Hello", {}, settings)  # bundles, reads the composition
     assert (spec["frames"], spec["fps"], spec["width"], spec["height"]) == (90, 30, 320, 180)
     bundle_dir = Path(spec["bundle"])

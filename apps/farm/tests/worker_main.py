@@ -4,8 +4,12 @@ FARM_TEST_MIN_CHUNK_S  a chunk takes at least this long (the real render, then a
                        act while a chunk is in progress on a busy machine
 FARM_TEST_POISON       a chunk index whose render kills its pool process (SIGKILL), on every node
 FARM_TEST_BROKEN=1     every render fails (as a node without a working renderer does)
+FARM_TEST_SILENT=PATH  the first chunk this node starts while PATH does not exist (PATH is made then)
+                       renders, but every report of it after `started` fails to publish
+FARM_TEST_RECORD=PATH  each render appends {"index", "spec"} (the spec render_chunk got) to PATH, a line
 """
 
+import json
 import os
 import signal
 import sys
@@ -14,21 +18,36 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from farm import cli, render
+from farm import cli, render, tasks
 
-real = render.render_chunk
+real_render, real_report = render.render_chunk, tasks.report
+silenced = set()
 
 
 def render_chunk(spec, index, first, last, workdir):
     t0 = time.monotonic()
+    if os.environ.get("FARM_TEST_RECORD"):
+        with open(os.environ["FARM_TEST_RECORD"], "a") as f:
+            f.write(json.dumps({"index": index, "spec": spec}) + "\n")
     if os.environ.get("FARM_TEST_POISON") == str(index):
         os.kill(os.getpid(), signal.SIGKILL)
     if os.environ.get("FARM_TEST_BROKEN"):
         raise render.RenderError("injected: this node's renderer is broken")
-    out = real(spec, index, first, last, workdir)
+    out = real_render(spec, index, first, last, workdir)
     time.sleep(max(0.0, float(os.environ.get("FARM_TEST_MIN_CHUNK_S", "0")) - (time.monotonic() - t0)))
     return out
 
 
+def report(event, **fields):
+    marker = os.environ.get("FARM_TEST_SILENT")
+    if marker and event == "started" and not os.path.exists(marker):
+        Path(marker).touch()
+        silenced.add(fields["attempt"])
+    elif fields.get("attempt") in silenced:
+        raise ConnectionError("injected: the report of %s cannot be published" % event)
+    return real_report(event, **fields)
+
+
 render.render_chunk = render_chunk
+tasks.report = report
 sys.exit(cli.main(["worker", *sys.argv[1:]]))

@@ -1,29 +1,37 @@
 """The host's HTTP API: the CLI's submit / status / cancel over the same database, behind a bearer
-token, on loopback unless allow_public_listen says otherwise.
+token, on loopback unless allow_public_listen says otherwise; and for workers without a shared
+filesystem (host_url), bundles by hash and part uploads, behind a second token.
 
     POST   /v1/jobs        {spec | project + composition [+ props], out, nodes?, verify?} -> 201 {id}
     GET    /v1/jobs        {jobs: [{id, state, frames, out, reason}]}
     GET    /v1/jobs/{id}   what `farm status --json` prints
     DELETE /v1/jobs/{id}   202 {id, cancel: "requested"}; 409 if it is not live
+    GET    /v1/bundles/{hash}             a tar of work_dir/bundles/<hash> (either token)
+    PUT    /v1/jobs/{id}/parts/{name}     X-Content-SHA256; into parts_dir/<id>/ (the worker token)
+
+No token (or an unknown one): 401; a token of the wrong kind: 403.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 import json
+import os
+import secrets
 from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import FileResponse, JSONResponse
 from starlette.routing import Route
 
-from farm import remotion
-from farm.cli import check_nodes, submit
+from farm import remotion, transport
+from farm.cli import check_nodes, project_spec, submit
 from farm.config import Settings
-from farm.db import DB
+from farm.db import DB, LIVE
 
 SUBMIT_KEYS = {"spec", "project", "composition", "props", "out", "nodes", "verify"}
 
@@ -32,62 +40,122 @@ def error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
-def build(s: Settings, token: str) -> Starlette:
+def build(s: Settings, token: str, worker_token: str | None = None) -> Starlette:
     db = DB(s.db_path)
+    if worker_token == token:
+        raise ValueError("the worker token must differ from the API token")
+    tokens = {"api": token, "worker": worker_token}
 
-    def authorized(request: Request) -> bool:
-        got = request.headers.get("authorization", "")
-        return hmac.compare_digest(got.encode(), ("Bearer " + token).encode())
+    def refused(request: Request, *kinds: str) -> JSONResponse | None:
+        got = request.headers.get("authorization", "").encode()
+        kind = next((k for k, t in tokens.items() if t and hmac.compare_digest(got, ("Bearer " + t).encode())), None)
+        if kind is None:
+            return error(401, "bearer token required")
+        return None if kind in kinds else error(403, "the %s token cannot use this route" % kind)
 
     async def create(request: Request):
-        if not authorized(request):
-            return error(401, "bearer token required")
+        if denied := refused(request, "api"):
+            return denied
         try:
             body = await request.json()
         except json.JSONDecodeError:
             return error(400, "the body is not JSON")
         try:
-            if not isinstance(body, dict) or set(body) - SUBMIT_KEYS or not isinstance(body.get("out"), str):
-                raise ValueError("expected {spec | project + composition [+ props], out, nodes?, verify?}")
-            nodes = check_nodes(s, body.get("nodes"))
-            if "spec" in body:
-                spec = body["spec"]
-            elif body.get("project") and body.get("composition"):
-                spec = await run_in_threadpool(remotion.job_spec, Path(body["project"]), body["composition"],
-                                               body.get("props") or {}, s)
-            else:
-                raise ValueError("spec, or project and composition")
-            if not isinstance(spec, dict) or "frames" not in spec or "fps" not in spec:
-                raise ValueError("the spec needs frames and fps")
-            job_id = submit(s, spec, body["out"], nodes, verify=bool(body.get("verify")))
-        except ValueError as e:
+            job_id = await _submit(s, body)
+        except (ValueError, remotion.RemotionError) as e:
             return error(400, str(e))
         return JSONResponse({"id": job_id}, status_code=201)
 
     async def listing(request: Request):
-        if not authorized(request):
-            return error(401, "bearer token required")
+        if denied := refused(request, "api"):
+            return denied
         return JSONResponse({"jobs": db.rows("SELECT id, state, frames, out, reason FROM jobs"
                                              " ORDER BY created_at DESC LIMIT 100")})
 
     async def one(request: Request):
-        if not authorized(request):
-            return error(401, "bearer token required")
+        if denied := refused(request, "api"):
+            return denied
         v = db.view(request.path_params["id"], s.stale_after_s)
         return error(404, "no such job") if v is None else JSONResponse(json.loads(json.dumps(v, default=str)))
 
     async def cancel(request: Request):
-        if not authorized(request):
-            return error(401, "bearer token required")
+        if denied := refused(request, "api"):
+            return denied
         jid = request.path_params["id"]
         if db.request_cancel(jid):
             return JSONResponse({"id": jid, "cancel": "requested"}, status_code=202)
         job = db.job(jid)
         return error(404, "no such job") if job is None else error(409, "job is %s" % job["state"])
 
+    async def bundle(request: Request):
+        if denied := refused(request, "api", "worker"):
+            return denied
+        digest = request.path_params["hash"]
+        src = Path(s.work_dir) / "bundles" / digest
+        if not transport.HASH.fullmatch(digest) or not src.is_dir():
+            return error(404, "no bundle %s" % digest)
+        tar = await run_in_threadpool(transport.bundle_tar, src, Path(s.work_dir) / "bundle-tars")
+        return FileResponse(tar, media_type="application/x-tar")
+
+    async def put_part(request: Request):
+        if denied := refused(request, "worker"):
+            return denied
+        jid, name = request.path_params["id"], request.path_params["name"]
+        want = request.headers.get("x-content-sha256", "").lower()
+        if not transport.PART.fullmatch(name):
+            return error(400, "a part is named part-NNNNN.ts or part-NNNNN.wav")
+        if not transport.HASH.fullmatch(want):
+            return error(400, "X-Content-SHA256 (64 hex digits) required")
+        job = db.job(jid)
+        if job is None or job["state"] not in LIVE:
+            return error(409, "job %s is %s" % (jid, job["state"] if job else "unknown"))
+        return await _store_part(request, Path(s.parts_dir) / jid, name, want)
+
     return Starlette(routes=[Route("/v1/jobs", create, methods=["POST"]), Route("/v1/jobs", listing, methods=["GET"]),
                              Route("/v1/jobs/{id}", one, methods=["GET"]),
-                             Route("/v1/jobs/{id}", cancel, methods=["DELETE"])])
+                             Route("/v1/jobs/{id}", cancel, methods=["DELETE"]),
+                             Route("/v1/bundles/{hash}", bundle, methods=["GET"]),
+                             Route("/v1/jobs/{id}/parts/{name}", put_part, methods=["PUT"])])
+
+
+async def _submit(s: Settings, body) -> str:
+    """The job's id; ValueError for a request that records nothing."""
+    if not isinstance(body, dict) or set(body) - SUBMIT_KEYS or not isinstance(body.get("out"), str):
+        raise ValueError("expected {spec | project + composition [+ props], out, nodes?, verify?}")
+    nodes = check_nodes(s, body.get("nodes"))
+    timings = None
+    if "spec" in body:
+        spec = body["spec"]
+    elif body.get("project") and body.get("composition"):
+        spec, timings = await run_in_threadpool(project_spec, s, Path(body["project"]), body["composition"],
+                                                body.get("props") or {})
+    else:
+        raise ValueError("spec, or project and composition")
+    if not isinstance(spec, dict) or "frames" not in spec or "fps" not in spec:
+        raise ValueError("the spec needs frames and fps")
+    return submit(s, spec, body["out"], nodes, verify=bool(body.get("verify")), timings=timings)
+
+
+async def _store_part(request: Request, folder: Path, name: str, want: str) -> JSONResponse:
+    """The body into a temporary file, checked against its sha256, fsynced, then renamed into place:
+    under its name a part is whole, and a second upload replaces it whole."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{name}.{secrets.token_hex(4)}.upload"
+    h, size = hashlib.sha256(), 0
+    try:
+        with open(tmp, "wb") as f:
+            async for block in request.stream():
+                h.update(block)
+                size += len(block)
+                await run_in_threadpool(f.write, block)
+            if h.hexdigest() != want:
+                return error(400, "%s: the body's sha256 is %s, X-Content-SHA256 says %s" % (name, h.hexdigest(), want))
+            f.flush()
+            await run_in_threadpool(os.fsync, f.fileno())
+        os.replace(tmp, folder / name)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return JSONResponse({"name": name, "sha256": want, "bytes": size}, status_code=201)
 
 
 def listen_address(s: Settings) -> tuple[str, int]:
@@ -106,5 +174,6 @@ def serve(s: Settings) -> int:
     if not s.api_token_file:
         raise SystemExit("farm api: api_token_file is required (the bearer token)")
     host, port = listen_address(s)
-    uvicorn.run(build(s, Path(s.api_token_file).read_text().strip()), host=host, port=port, log_level="info")
+    app = build(s, Path(s.api_token_file).read_text().strip(), s.worker_token())
+    uvicorn.run(app, host=host, port=port, log_level="info")
     return 0

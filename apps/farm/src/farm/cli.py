@@ -36,7 +36,16 @@ def check_nodes(s: Settings, asked: list[str] | None) -> list[str]:
     return nodes
 
 
-def _spec(a, s: Settings) -> dict:
+def project_spec(s: Settings, project: Path, composition: str, props: dict) -> tuple[dict, dict]:
+    """The spec of a Remotion project's job (bundled once) and how long that took: {"bundle_s"}
+    (`remotion bundle` and reading the composition)."""
+    t0 = time.monotonic()
+    spec = remotion.job_spec(Path(project), composition, props, s)
+    return spec, {"bundle_s": round(time.monotonic() - t0, 3)}
+
+
+def _spec(a, s: Settings) -> tuple[dict, dict | None]:
+    timings = None
     try:
         if a.spec:
             spec = json.loads(Path(a.spec).read_text())
@@ -48,7 +57,7 @@ def _spec(a, s: Settings) -> dict:
             props = json.loads(a.props or "{}")
             if not isinstance(props, dict):
                 raise SystemExit("farm submit: --props is a JSON object")
-            spec = remotion.job_spec(Path(a.project), a.composition, props, s)
+            spec, timings = project_spec(s, Path(a.project), a.composition, props)
         frames, fps = int(spec["frames"]), float(spec["fps"])
     except OSError as e:
         raise SystemExit("farm submit: %s" % e) from None
@@ -60,16 +69,17 @@ def _spec(a, s: Settings) -> dict:
         raise SystemExit("farm submit: %s" % e) from None
     if frames < 1 or fps <= 0:
         raise SystemExit("farm submit: frames and fps must be positive (%r, %r)" % (spec["frames"], spec["fps"]))
-    return spec
+    return spec, timings
 
 
-def submit(s: Settings, spec: dict, out: str, nodes: list[str], *, verify: bool = False) -> str:
+def submit(s: Settings, spec: dict, out: str, nodes: list[str], *, verify: bool = False,
+           timings: dict | None = None) -> str:
     chunks = plan_chunks(int(spec["frames"]), len(nodes), min_chunk=s.min_chunk, per_node=s.per_node)
     out_path = Path(out)
     if not out_path.is_absolute() and out_path.parent == Path("."):
         out_path = Path(s.output_dir) / out_path
     return DB(s.db_path).submit(spec, str(out_path), nodes, chunks, frames=int(spec["frames"]),
-                                fps=float(spec["fps"]), verify=verify)
+                                fps=float(spec["fps"]), verify=verify, timings=timings)
 
 
 # -- showing a job -------------------------------------------------------------------------------
@@ -92,6 +102,8 @@ def render_status(v: dict):
     head.add_row("lease", ", ".join("%s until %s" % (lz["id"], lz["expires_at"]) for lz in leases)
                  or ("released" if v["leases"] else "none"))
     head.add_row("output", job["out"])
+    if v.get("timings"):
+        head.add_row("timings", ", ".join("%s %.1f s" % (k[:-2], t) for k, t in v["timings"].items()))
     t = Table("chunk", "frames", "state", "node", "attempts", "last report", "")
     for c in v["chunks"]:
         t.add_row(str(c["idx"]), "%d-%d" % (c["first"], c["last"]), c["state"], c["node"] or "",
@@ -133,7 +145,8 @@ def cmd_submit(a, s: Settings) -> int:
         nodes = check_nodes(s, a.nodes)
     except ValueError as e:
         raise SystemExit("farm: %s" % e) from None
-    job_id = submit(s, _spec(a, s), a.out, nodes, verify=a.verify)
+    spec, timings = _spec(a, s)
+    job_id = submit(s, spec, a.out, nodes, verify=a.verify, timings=timings)
     print(job_id, flush=True)
     return 0 if a.detach else follow(s, job_id)
 
@@ -166,6 +179,9 @@ def cmd_cancel(a, s: Settings) -> int:
     while time.monotonic() < deadline:
         j = db.job(a.job)
         if j["state"] in FINAL and j["nodes_released"]:   # the state first, then the nodes: wait for both
+            if j["state"] != "cancelled":   # it was joining already: the cancel came too late
+                print("job %s ended %s before the cancel took: %s" % (a.job, j["state"], j["reason"] or ""))
+                return 1
             print("job %s cancelled; its nodes are given back" % a.job)
             return 0
         time.sleep(0.2)
@@ -174,6 +190,8 @@ def cmd_cancel(a, s: Settings) -> int:
 
 
 def cmd_worker(a, s: Settings) -> int:
+    if s.host_url and not s.worker_token_file:
+        raise SystemExit("farm worker: host_url needs worker_token_file (the workers' bearer token)")
     app = tasks.configure(s, a.node)
     # -c 1: one render at a time per node; prefork, so the main process keeps the broker's heartbeat
     # while the child renders. The node's own queue is idle until a job's add_consumer.

@@ -23,13 +23,21 @@ class Settings:
     db_path: str = "/var/lib/farm/farm.db"            # job state, on the host
     work_dir: str = "/var/lib/farm/work"              # scratch (bundles, temporaries)
     output_dir: str = "/var/lib/farm/out"             # where `farm submit` puts outputs given without a directory
-    parts_dir: str = "/srv/farm/parts"                # shared by host and nodes: parts land in parts_dir/<job>/
+    parts_dir: str = "/srv/farm/parts"                # on the host: parts land in parts_dir/<job>/ (shared with
+                                                      # the nodes unless host_url: then uploaded)
+    host_url: str | None = None           # the farm API as the workers reach it (http://172.23.0.2:8790): bundles
+                                          # fetched by hash, parts uploaded; None: host and nodes share the dirs
+    worker_token_file: str | None = None  # the workers' bearer token (bundles and parts only)
+    cache_dir: str = "/var/cache/farm"    # a worker's own: bundles/<hash>, parts/<job>/ before upload
+    bundle_cache_keep: int = 4            # bundles a worker keeps (least recently used go first)
     attempts: int = 3                     # per chunk, every delivery that started or was lost counts
     blocklist_after: int = 3              # a node failing this many chunks of one job is blocklisted for it
     lost_hold_s: float = 1.0              # a worker that reports a lost chunk waits this long before its next
                                           # message: the retry, at the queue's front by then, comes to it
     failure_backoff_s: float = 5.0        # a node whose render failed waits before it takes another chunk: the
                                           # retry goes elsewhere, and a broken node does not eat the queue
+    avoid_hold_s: float = 1.0             # a worker given a retry it should avoid puts it back, then waits this
+                                          # long before its next message (another worker takes it meanwhile)
     lease_ttl_s: float = 120.0
     lease_renew_s: float = 30.0
     lease_retry_s: float = 10.0           # a job whose nodes are leased elsewhere (409) asks again after this
@@ -41,25 +49,34 @@ class Settings:
     per_node: int = 4                     # chunks per node
     progress_interval_s: float = 2.0      # a rendering chunk reports this often
     stale_after_s: float = 30.0           # a chunk silent this long shows as stale, not "rendering"
+    silent_after_s: float = 90.0          # an attempt silent this long is given up: revoked, the next one published
     poll_interval_s: float = 0.5
     reconcile_interval_s: float = 10.0    # add_consumer is re-sent this often (a restarted worker missed it)
     control_timeout_s: float = 2.0        # replies to add_consumer / cancel_consumer / ping
     api_listen: str = "127.0.0.1:8790"   # farm api
     api_token_file: str | None = None     # its bearer token (required)
     allow_public_listen: bool = False     # a non-loopback api_listen needs this, explicitly
-    render: dict = field(default_factory=dict)   # the media half's knobs (browser, node, ...), passed through
+    render: dict = field(default_factory=dict)   # the media half's knobs (browser, node, ...); on a worker, its
+                                                 # node, browser, node_modules, concurrency replace the job's
 
     def __post_init__(self):
         if self.attempts < 1 or self.blocklist_after < 1:
             raise ValueError("attempts and blocklist_after must be >= 1")
         if self.lease_renew_s >= self.lease_ttl_s:
             raise ValueError("lease_renew_s must be shorter than lease_ttl_s")
+        if self.silent_after_s <= 2 * self.progress_interval_s:
+            raise ValueError("silent_after_s must be longer than two progress_interval_s")
+        if self.bundle_cache_keep < 1:
+            raise ValueError("bundle_cache_keep must be >= 1")
         # Node 2 keeps smem's interactive lane whole: a config may add to the list, never drop it.
         self.never_lend = sorted(set(self.never_lend) | {NEVER_LENT})
 
     @property
     def lendable(self) -> list[str]:
         return [n for n in self.farm_nodes if n not in self.never_lend]
+
+    def worker_token(self) -> str | None:
+        return Path(self.worker_token_file).read_text().strip() if self.worker_token_file else None
 
     def smem_token(self) -> str | None:
         if not (self.smem_url and self.smem_token_file):

@@ -4,8 +4,10 @@ A submitted job gets a lease on its nodes (smem), its own queue farm.job.<id>, a
 nodes' workers, and one message per chunk. The workers' reports come back through one durable queue;
 each is applied to the database and acked after the commit. A failed or lost attempt counts against
 the node that started it (blocklist) and the chunk (attempts cap); under the cap the chunk is
-published again as a new attempt. When every chunk is done the nodes are given back, then the parts
-are joined and verified. Only one coordinator runs per database (a file lock).
+published again as a new attempt, around the node that failed it while another node of the job
+answers; an attempt silent for silent_after_s is given up the same way (revoked). When every chunk is
+done the nodes are given back, then the parts are joined and verified. Only one coordinator runs per
+database (a file lock).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-from kombu import Exchange, Queue
+from kombu import Queue
 
 from farm import join as media_join
 from farm import render as media_render
@@ -28,23 +30,17 @@ from farm import verify as media_verify
 from farm.config import Settings
 from farm.db import DB, FINAL, LIVE
 from farm.leases import LeaseClient, LeaseConflict, LeaseError
+from farm.tasks import QUEUE_ARGS, queue_of
 
 log = logging.getLogger("farm.coordinator")
 HOLDER = "farm job "
 # A chunk whose worker was lost jumps the queue: the job waits for it, and that node cannot take it
 # again. One that failed goes to the back, so a broken node meets other chunks and is blocklisted.
-QUEUE_ARGS = {"x-max-priority": 9}
 LOST_PRIORITY = 9
 
 
 def worker_name(node: str) -> str:
     return "farm@" + node
-
-
-def queue_of(job_id: str) -> Queue:
-    name = "farm.job." + job_id
-    return Queue(name, Exchange(name, "direct"), routing_key=name,    # as add_consumer declares it
-                 queue_arguments=QUEUE_ARGS)
 
 
 class Coordinator:
@@ -64,11 +60,13 @@ class Coordinator:
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="farm-join")
         self.joins: dict[str, Future] = {}
         self.due: dict[tuple[str, str], float] = {}   # (what, job) -> when
+        self.up_since = time.time()
         self.reports_q = Queue(settings.reports_queue, routing_key=settings.reports_queue)
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self, stop: threading.Event | None = None) -> None:
         stop = stop or threading.Event()
+        self.up_since = time.time()
         if self.no_leases_note:
             log.warning(self.no_leases_note)
         self.recover()
@@ -132,12 +130,20 @@ class Coordinator:
             if self._due("begin", jid, self.s.lease_retry_s):
                 self.begin(job)
             return
+        self._tick_running(job, now)
+
+    def _tick_running(self, job: dict, now: float) -> None:
+        jid = job["id"]
         left = self.db.one("SELECT count(*) AS n FROM chunks WHERE job_id=? AND state!='done'", (jid,))["n"]
         if left == 0:
             self.release_nodes(job)
             with self.db.tx() as c:
                 c.execute("UPDATE jobs SET state='joining' WHERE id=?", (jid,))
                 self.db.event(jid, "all chunks rendered; nodes given back; joining", c)
+            return
+        self._publish_pending(job)          # what a failed publish left (the broker was away, say)
+        self._watchdog(job, now)
+        if self.db.job(jid)["state"] not in LIVE:   # the watchdog's retry hit the cap: ended
             return
         if self._due("renew", jid, self.s.lease_renew_s):   # at once after a restart, then every renew_s
             self.renew(job)
@@ -221,16 +227,42 @@ class Coordinator:
         return aid
 
     def _publish_pending(self, job: dict) -> None:
-        """Attempts recorded but not yet on the broker. A crash between the publish and the mark
-        publishes one twice: harmless, the first `done` of a chunk counts and the join is by index."""
+        """Attempts recorded but not yet on the broker; one that fails to go is tried again at the next
+        tick. A crash between the publish and the mark publishes one twice: harmless, the first `done`
+        of a chunk counts and the join is by index."""
         q = queue_of(job["id"])
-        for a in self.db.rows("SELECT a.id, a.idx, a.priority, c.first, c.last FROM attempts a JOIN chunks c"
+        for a in self.db.rows("SELECT a.id, a.idx, a.priority, a.avoid, c.first, c.last FROM attempts a JOIN chunks c"
                               " ON c.job_id=a.job_id AND c.idx=a.idx WHERE a.job_id=? AND a.published=0"
                               " AND a.state='queued' ORDER BY a.n, a.idx", (job["id"],)):
-            self.app.send_task("farm.render", task_id=a["id"], queue=q, ignore_result=True,
-                               priority=a["priority"], kwargs={
-                "job": job["id"], "index": a["idx"], "first": a["first"], "last": a["last"], "spec": job["spec"]})
+            kwargs = {"job": job["id"], "index": a["idx"], "first": a["first"], "last": a["last"], "spec": job["spec"]}
+            if a["avoid"]:
+                kwargs["avoid"] = json.loads(a["avoid"])
+            try:
+                self.app.send_task("farm.render", task_id=a["id"], queue=q, ignore_result=True,
+                                   priority=a["priority"], kwargs=kwargs)
+            except Exception as e:
+                log.warning("job %s: attempt %s not published (%s: %s); trying again", job["id"], a["id"],
+                            type(e).__name__, e)
+                return
             self.db.c.execute("UPDATE attempts SET published=1 WHERE id=?", (a["id"],))
+
+    def _watchdog(self, job: dict, now: float) -> None:
+        """A started attempt not heard of for silent_after_s is lost (its reports cannot get out, or the
+        coordinator's publish of them failed): revoked, and the next attempt goes out. Queued ones wait
+        for a free worker however long. The coordinator's own clock, and only once it has been up that
+        long: the reports of a coordinator that was down wait in the queue."""
+        quiet = self.s.silent_after_s
+        if now - self.up_since < quiet:
+            return
+        for a in self.db.rows("SELECT * FROM attempts WHERE job_id=? AND state='started'"
+                              " AND coalesce(heard_at, started_at) < ?", (job["id"], now - quiet)):
+            self.app.control.revoke(a["id"], terminate=True, signal="SIGTERM")
+            why = "silent for %.0f s (silent_after_s %g): given up, revoked" % (
+                now - (a["heard_at"] or a["started_at"]), quiet)
+            with self.db.tx() as c:
+                follow = self._attempt_failed(c, job, a, {"event": "lost", "ts": now, "error": why})
+            if follow:
+                follow()
 
     def _nodes_for(self, job: dict) -> list[str]:
         blocked = {r["node"] for r in self.db.rows("SELECT node FROM blocklist WHERE job_id=?", (job["id"],))}
@@ -294,12 +326,10 @@ class Coordinator:
         """Consumers cancelled, the job's queue deleted, its lease given back (the last, whatever failed)."""
         jid, ok = job["id"], True
         try:
-            nodes = [r["node"] for r in self.db.rows("SELECT node FROM consumers WHERE job_id=?", (jid,))]
-            self._cancel_consumers(jid, nodes)
-            q = queue_of(jid)
-            with self.app.connection_for_write() as conn:
-                q(conn.default_channel).delete()
-                q.exchange(conn.default_channel).delete()
+            # every node of the job, not only those recorded: one that missed a cancel gets it again
+            nodes = {r["node"] for r in self.db.rows("SELECT node FROM consumers WHERE job_id=?", (jid,))}
+            self._cancel_consumers(jid, sorted(nodes | set(job["nodes"]) - set(self.s.never_lend)))
+            self._delete_queue(jid)
         except Exception as e:
             ok = False
             self.db.event(jid, "consumers or queue not cleaned up yet (%s: %s); trying again" % (type(e).__name__, e))
@@ -312,6 +342,21 @@ class Coordinator:
                 self.db.event(jid, "lease not released yet (smem: %s); trying again" % e)
         if ok:
             self.db.c.execute("UPDATE jobs SET nodes_released=1 WHERE id=?", (jid,))
+
+    def _delete_queue(self, jid: str) -> None:
+        """Once no worker consumes it. A worker answers cancel_consumer before it acts on it; a queue
+        deleted under its consumer makes the worker reconnect, and it declares the queue again."""
+        q, deadline = queue_of(jid), time.monotonic() + self.s.control_timeout_s
+        while True:
+            try:
+                with self.app.connection_for_write() as conn:
+                    q(conn.default_channel).delete(if_unused=True)
+                    q.exchange(conn.default_channel).delete()
+                return
+            except Exception:     # PRECONDITION_FAILED while a consumer is left
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
 
     def end(self, job: dict, state: str, reason: str) -> None:
         jid = job["id"]
@@ -338,11 +383,13 @@ class Coordinator:
         ev, ts, jid, idx = r["event"], r.get("ts", time.time()), job["id"], a["idx"]
         follow = None
         with self.db.tx() as c:
+            heard = time.time()
             if ev == "started" and a["state"] == "queued":
-                c.execute("UPDATE attempts SET state='started', node=?, started_at=?, last_report_at=? WHERE id=?",
-                          (r["node"], ts, ts, a["id"]))
+                c.execute("UPDATE attempts SET state='started', node=?, started_at=?, last_report_at=?, heard_at=?"
+                          " WHERE id=?", (r["node"], ts, ts, heard, a["id"]))
             elif ev == "progress" and a["state"] == "started":
-                c.execute("UPDATE attempts SET last_report_at=?, elapsed=? WHERE id=?", (ts, r.get("elapsed"), a["id"]))
+                c.execute("UPDATE attempts SET last_report_at=?, heard_at=?, elapsed=? WHERE id=?",
+                          (ts, heard, r.get("elapsed"), a["id"]))
             elif ev == "done":
                 if a["state"] in ("queued", "started"):
                     c.execute("UPDATE attempts SET state='done', finished_at=?, elapsed=? WHERE id=?",
@@ -350,9 +397,10 @@ class Coordinator:
                 else:   # a hung node came back and finished what was given up on
                     self.db.event(jid, "chunk %d attempt %d on %s finished after it was %s"
                                   % (idx, a["n"], r["node"], a["state"]), c)
-                n = c.execute("UPDATE chunks SET state='done', node=?, video=?, audio=?, seconds=?, done_at=?"
-                              " WHERE job_id=? AND idx=? AND state!='done'",
-                              (r["node"], r["video"], r["audio"], r.get("seconds"), ts, jid, idx)).rowcount
+                n = c.execute("UPDATE chunks SET state='done', node=?, video=?, audio=?, seconds=?, done_at=?,"
+                              " timings=? WHERE job_id=? AND idx=? AND state!='done'",
+                              (r["node"], r["video"], r["audio"], r.get("seconds"), ts,
+                               json.dumps(r["timings"]) if r.get("timings") else None, jid, idx)).rowcount
                 if not n:
                     self.db.event(jid, "chunk %d rendered again by %s: ignored, the first one counts"
                                   % (idx, r["node"]), c)
@@ -365,7 +413,7 @@ class Coordinator:
         jid, idx = job["id"], a["idx"]
         ev = r["event"]
         node = a["node"] if ev == "lost" else r["node"]   # lost: the node that started it, not the one that saw it
-        why = r.get("error") if ev == "failed" else "lost: its worker died or hung (re-delivered by the broker)"
+        why = r.get("error") or "lost: its worker died or hung (re-delivered by the broker)"
         c.execute("UPDATE attempts SET state=?, finished_at=?, error=?, node=coalesce(node, ?) WHERE id=?",
                   (ev, r.get("ts"), why, node, a["id"]))
         chunk = dict(c.execute("SELECT * FROM chunks WHERE job_id=? AND idx=?", (jid, idx)).fetchone())
@@ -398,7 +446,8 @@ class Coordinator:
             c.execute("UPDATE chunks SET state='failed', reason=? WHERE job_id=? AND idx=?", (reason, jid, idx))
             actions.append(lambda: self.end(job, "failed", reason))
         else:
-            self._new_attempt(c, jid, idx, LOST_PRIORITY if ev == "lost" else 0)
+            aid = self._new_attempt(c, jid, idx, LOST_PRIORITY if ev == "lost" else 0)
+            actions.append(lambda: self._avoid(job, aid, node))
             actions.append(lambda: self._publish_pending(job))
 
         def follow():
@@ -407,14 +456,31 @@ class Coordinator:
                     act()
         return follow
 
+    def _avoid(self, job: dict, aid: str, node: str | None) -> None:
+        """The retry's message carries avoid: [node] while another node of the job, not blocklisted,
+        answers a ping; else (no other node left) any node may take it, the failed one included."""
+        others = [n for n in self._nodes_for(job) if n != node]
+        if not node or not others:
+            return
+        try:
+            alive = self.app.control.ping(destination=[worker_name(n) for n in others],
+                                          timeout=self.s.control_timeout_s, limit=1)
+        except Exception as e:
+            log.warning("ping of %s: %s", others, e)
+            return
+        if alive:
+            self.db.c.execute("UPDATE attempts SET avoid=? WHERE id=?", (json.dumps([node]), aid))
+
     # -- the end: join and verify (a thread: the loop goes on meanwhile) -----------------------------------
     def _join(self, job: dict, chunks: list[dict]) -> dict:
         assert [c["idx"] for c in chunks] == list(range(len(chunks)))
         parts = Path(self.s.parts_dir)
         out = Path(job["out"])
         out.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
         joined = media_join.join([parts / c["video"] for c in chunks], [parts / c["audio"] for c in chunks],
                                  out, fps=job["fps"])
+        t1 = time.monotonic()
         spec, frames, ref, kw = job["spec"], job["frames"], Path(self.s.work_dir) / "verify" / job["id"], {}
         if job["verify"] or spec.get("renderer") == "testsrc":   # testsrc's reference tone costs nothing
             ref.mkdir(parents=True, exist_ok=True)
@@ -425,7 +491,8 @@ class Coordinator:
             sample = media_render.render_chunk(spec, 0, first, first + n - 1, ref)
             kw.update(reference_video=Path(sample["video"]), reference_first=first)
         checked = media_verify.verify(out, frames=frames, fps=job["fps"], **kw)
-        return {"join": joined, "verify": checked}
+        timings = {"join_s": round(t1 - t0, 3), "verify_s": round(time.monotonic() - t1, 3)}
+        return {"join": joined, "verify": checked, "timings": timings}
 
     def _joined(self, job: dict, fut: Future) -> None:
         del self.joins[job["id"]]
@@ -442,7 +509,9 @@ class Coordinator:
             self._finish(job, "failed", "verification failed: " + "; ".join(v.get("reasons") or ["not ok"]), result)
 
     def _finish(self, job: dict, state: str, reason: str, result: dict | None) -> None:
+        timings = {**(job.get("timings") or {}), **((result or {}).get("timings") or {})}
         with self.db.tx() as c:
-            c.execute("UPDATE jobs SET state=?, reason=?, result=?, finished_at=? WHERE id=?",
-                      (state, reason, json.dumps(result, default=str) if result else None, time.time(), job["id"]))
+            c.execute("UPDATE jobs SET state=?, reason=?, result=?, finished_at=?, timings=? WHERE id=?",
+                      (state, reason, json.dumps(result, default=str) if result else None, time.time(),
+                       json.dumps(timings) if timings else None, job["id"]))
             self.db.event(job["id"], "%s: %s" % (state, reason), c)

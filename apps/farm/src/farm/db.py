@@ -18,18 +18,20 @@ CREATE TABLE IF NOT EXISTS jobs (
   id TEXT PRIMARY KEY, state TEXT NOT NULL, spec TEXT NOT NULL, out TEXT NOT NULL, nodes TEXT NOT NULL,
   frames INTEGER NOT NULL, fps REAL NOT NULL, verify INTEGER NOT NULL DEFAULT 0,
   cancel_requested INTEGER NOT NULL DEFAULT 0, reason TEXT, result TEXT,
-  created_at REAL NOT NULL, started_at REAL, finished_at REAL, nodes_released INTEGER NOT NULL DEFAULT 0);
+  created_at REAL NOT NULL, started_at REAL, finished_at REAL, nodes_released INTEGER NOT NULL DEFAULT 0,
+  timings TEXT);
 CREATE TABLE IF NOT EXISTS chunks (
   job_id TEXT NOT NULL, idx INTEGER NOT NULL, first INTEGER NOT NULL, last INTEGER NOT NULL,
   state TEXT NOT NULL DEFAULT 'queued', attempts INTEGER NOT NULL DEFAULT 0,
-  node TEXT, video TEXT, audio TEXT, seconds REAL, reason TEXT, done_at REAL,
+  node TEXT, video TEXT, audio TEXT, seconds REAL, reason TEXT, done_at REAL, timings TEXT,
   PRIMARY KEY (job_id, idx));
 -- One row per message published for a chunk; its id is the Celery task id.
 CREATE TABLE IF NOT EXISTS attempts (
   id TEXT PRIMARY KEY, job_id TEXT NOT NULL, idx INTEGER NOT NULL, n INTEGER NOT NULL,
   state TEXT NOT NULL DEFAULT 'queued', published INTEGER NOT NULL DEFAULT 0, priority INTEGER NOT NULL DEFAULT 0,
-  node TEXT,
-  created_at REAL NOT NULL, started_at REAL, last_report_at REAL, elapsed REAL, finished_at REAL, error TEXT);
+  node TEXT, avoid TEXT,
+  created_at REAL NOT NULL, started_at REAL, last_report_at REAL, elapsed REAL, finished_at REAL, error TEXT,
+  heard_at REAL);
 CREATE TABLE IF NOT EXISTS node_failures (
   job_id TEXT NOT NULL, node TEXT NOT NULL, idx INTEGER NOT NULL, attempt_id TEXT NOT NULL, reason TEXT,
   at REAL NOT NULL, PRIMARY KEY (attempt_id));
@@ -45,6 +47,11 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS attempts_chunk ON attempts(job_id, idx);
 CREATE INDEX IF NOT EXISTS events_job ON events(job_id, at);
 """
+# Columns added since the first slice: a database it made gets them at the next open.
+# attempts.heard_at is the coordinator's clock (the watchdog's), last_report_at the worker's.
+ADDED = [("jobs", "timings", "TEXT"), ("chunks", "timings", "TEXT"), ("attempts", "avoid", "TEXT"),
+         ("attempts", "heard_at", "REAL")]
+TIMINGS = ("bundle_s", "fetch_s", "render_s", "upload_s", "join_s", "verify_s")
 
 
 class DB:
@@ -62,6 +69,12 @@ class DB:
                 pass
             time.sleep(0.1)
         self.c.executescript(SCHEMA)
+        for table, column, kind in ADDED:
+            if column not in {r[1] for r in self.c.execute("PRAGMA table_info(%s)" % table)}:
+                try:
+                    self.c.execute("ALTER TABLE %s ADD COLUMN %s %s" % (table, column, kind))
+                except sqlite3.OperationalError:   # another process added it just now
+                    pass
 
     @contextmanager
     def tx(self):
@@ -86,18 +99,19 @@ class DB:
     def job(self, job_id: str) -> dict | None:
         j = self.one("SELECT * FROM jobs WHERE id=?", (job_id,))
         if j:
-            for k in ("spec", "nodes", "result"):
+            for k in ("spec", "nodes", "result", "timings"):
                 j[k] = json.loads(j[k]) if j[k] else None
         return j
 
     # -- what the CLI / API do --------------------------------------------------------------
     def submit(self, spec: dict, out: str, nodes: list[str], chunks: list[tuple[int, int, int]], *,
-               frames: int, fps: float, verify: bool = False) -> str:
+               frames: int, fps: float, verify: bool = False, timings: dict | None = None) -> str:
         job_id = secrets.token_hex(4)
         with self.tx() as c:
-            c.execute("INSERT INTO jobs(id, state, spec, out, nodes, frames, fps, verify, created_at)"
-                      " VALUES (?,?,?,?,?,?,?,?,?)", (job_id, "submitted", json.dumps(spec), str(out),
-                                                      json.dumps(nodes), frames, fps, int(verify), time.time()))
+            c.execute("INSERT INTO jobs(id, state, spec, out, nodes, frames, fps, verify, created_at, timings)"
+                      " VALUES (?,?,?,?,?,?,?,?,?,?)",
+                      (job_id, "submitted", json.dumps(spec), str(out), json.dumps(nodes), frames, fps, int(verify),
+                       time.time(), json.dumps(timings) if timings else None))
             c.executemany("INSERT INTO chunks(job_id, idx, first, last) VALUES (?,?,?,?)",
                           [(job_id, i, a, b) for i, a, b in chunks])
             self.event(job_id, "submitted: %d frames in %d chunks on %s" % (frames, len(chunks), ", ".join(nodes)), c)
@@ -125,6 +139,7 @@ class DB:
                         " WHERE job_id=? AND state='done' AND seconds > 0", (job_id,))["s"]
         done_frames = 0.0
         for ch in chunks:
+            ch["timings"] = json.loads(ch["timings"]) if ch["timings"] else None
             size = ch["last"] - ch["first"] + 1
             a = live.get(ch["idx"]) if ch["state"] != "done" else None
             ch["frames"], ch["fraction"], ch["age"] = size, 0.0, None
@@ -145,4 +160,16 @@ class DB:
             "blocklist": [r["node"] for r in self.rows("SELECT node FROM blocklist WHERE job_id=?", (job_id,))],
             "leases": self.rows("SELECT * FROM leases WHERE job_id=? ORDER BY taken_at", (job_id,)),
             "events": self.rows("SELECT at, text FROM events WHERE job_id=? ORDER BY at, rowid", (job_id,)),
+            "timings": timings(job, chunks),
         }
+
+
+def timings(job: dict, chunks: list[dict]) -> dict:
+    """Where a job's time went, in seconds: bundle (at submit), fetch / render / upload summed over
+    the chunks (node-seconds, the first done of each), join and verify (the host)."""
+    out = dict(job.get("timings") or {})
+    for k in ("fetch_s", "render_s", "upload_s"):
+        got = [c["timings"][k] for c in chunks if c.get("timings") and c["timings"].get(k) is not None]
+        if got:
+            out[k] = round(sum(got), 3)
+    return {k: out[k] for k in TIMINGS if k in out}

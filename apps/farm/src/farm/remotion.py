@@ -1,4 +1,5 @@
-"""Remotion through its CLI: node_modules from a cache keyed by the lock, bundle, render a range.
+"""Remotion: node_modules from a cache keyed by the lock, bundle (the CLI, on the host), render a range
+(@remotion/renderer, on the workers).
 
 What makes the parts joinable comes from Remotion's own distributed path (combineChunks() in
 @remotion/renderer, which Lambda uses): h264 chunks are concatenated without re-encoding, and
@@ -18,8 +19,11 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from farm import proc
+
 NODE_CACHE = Path(os.environ.get("FARM_NODE_CACHE", "/var/cache/vcafleet/farm-node"))
 CLI_JS = Path("@remotion/cli/remotion-cli.js")
+INSTALLED = Path(".package-lock.json")   # npm writes node_modules/.package-lock.json when an install completes
 
 
 class RemotionError(RuntimeError):
@@ -27,13 +31,8 @@ class RemotionError(RuntimeError):
 
 
 def _run(argv: list, cwd: Path | None = None, what: str = "remotion") -> None:
-    try:
-        proc = subprocess.run([str(a) for a in argv], check=False, cwd=cwd, capture_output=True, text=True)
-    except FileNotFoundError as e:
-        raise RemotionError(f"{what}: {e.filename} not found (install nodejs and npm)") from e
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout)[-4000:]
-        raise RemotionError(f"{what} failed ({proc.returncode}): {' '.join(map(str, argv))}\n{tail}")
+    # In its own process group, taken down whole on a cancel (farm.proc): node starts chromium and ffmpeg.
+    proc.run(argv, cwd=cwd, what=what, error=RemotionError)
 
 
 def lock_hash(project: Path) -> str:
@@ -53,7 +52,7 @@ def ensure_node_modules(project: Path, *, cache: Path | None = None, npm: str = 
     cache = Path(cache or NODE_CACHE)
     home = cache / lock_hash(project)
     target = home / "node_modules"
-    if not (target / CLI_JS).is_file():
+    if not (target / INSTALLED).is_file():
         cache.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{home.name}.", dir=cache))
         try:
@@ -64,10 +63,11 @@ def ensure_node_modules(project: Path, *, cache: Path | None = None, npm: str = 
             _run([npm, "install", "--no-save", "--no-audit", "--no-fund", "--ignore-scripts",
                   "--loglevel=error"], cwd=tmp, what="npm install")
             _check_locked_versions(tmp)
+            tmp.chmod(0o755)   # mkdtemp's 0700: other users (the farm's, a lab host's) read the cache too
             try:
                 tmp.rename(home)
             except OSError:  # another process installed it first
-                if not (target / CLI_JS).is_file():
+                if not (target / INSTALLED).is_file():
                     raise
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -158,7 +158,7 @@ def composition(bundle_dir: Path, composition_id: str, props: dict, *, node_modu
 
 def job_spec(project: Path, composition_id: str, props: dict, settings) -> dict:
     """Bundle the project once (work_dir/bundles/<sha256>) and describe the job for render_chunk.
-    settings.render may set browser, node, node_modules (the workers' @remotion/cli), concurrency,
+    settings.render may set browser, node, node_modules (the workers' @remotion/renderer), concurrency,
     sample_rate; node_modules defaults to the project's own (ensure_node_modules)."""
     knobs = dict(getattr(settings, "render", None) or {})
     node, browser = knobs.get("node", "node"), knobs.get("browser", "/usr/bin/chromium")
@@ -179,28 +179,54 @@ def job_spec(project: Path, composition_id: str, props: dict, settings) -> dict:
     return spec
 
 
+# The worker renders through @remotion/renderer's public API (renderMedia(), as the CLI and Lambda
+# do), not the CLI: a worker then needs only the renderer and its peers (apps/farm/remotion-worker,
+# 43 MB), no bundler or studio, and one browser serves selectComposition() and the render.
+# SIGTERM cancels the render (makeCancelSignal), so chromium and ffmpeg go with it.
+_RENDER_JS = """
+const [rendererPath, json] = process.argv.slice(1);
+const {openBrowser, selectComposition, renderMedia, makeCancelSignal} = require(rendererPath);
+const o = JSON.parse(json);
+const {cancelSignal, cancel} = makeCancelSignal();
+let cancelled = false;
+for (const sig of ['SIGTERM', 'SIGINT']) {
+  process.on(sig, () => { cancelled = true; cancel(); setTimeout(() => process.exit(143), 5000).unref(); });
+}
+(async () => {
+  const browser = await openBrowser('chrome', {browserExecutable: o.browser, logLevel: 'error'});
+  try {
+    const common = {serveUrl: o.serveUrl, inputProps: o.props, browserExecutable: o.browser,
+                    puppeteerInstance: browser, logLevel: 'error'};
+    const composition = await selectComposition({...common, id: o.composition});
+    await renderMedia({...common, composition, codec: o.codec, audioCodec: o.audioCodec,
+                       separateAudioTo: o.separateAudioTo, enforceAudioTrack: true,
+                       frameRange: o.frameRange, outputLocation: o.output, overwrite: true,
+                       concurrency: o.concurrency, sampleRate: o.sampleRate, cancelSignal});
+  } finally {
+    await browser.close({silent: true});
+  }
+  process.exit(0);
+})().catch((e) => { console.error(e.stack || String(e)); process.exit(cancelled ? 143 : 1); });
+"""
+
+
 def render_args(spec: dict, first: int, last: int, video: Path, audio: Path | None) -> list[str]:
-    """argv of `remotion render` for frames first..last: MPEG-TS H.264 video, PCM s16 wav audio."""
-    if not spec.get("node_modules"):
-        raise RemotionError("spec has no node_modules (the folder that holds @remotion/cli)")
-    argv = [
-        *cli(spec["node_modules"], spec.get("node", "node")),
-        "render", str(spec["bundle"]), spec["composition"], str(video),
-        "--frames", f"{first}-{last}",
-        "--props", json.dumps(spec.get("props") or {}),
-        "--browser-executable", spec.get("browser", "/usr/bin/chromium"),
-        "--log", "error", "--overwrite",
-    ]
-    if audio is None:  # audio only: the whole range as one wav (a reference)
-        argv += ["--codec", "wav"]
+    """argv of a render of frames first..last: MPEG-TS H.264 video and PCM s16 wav audio, or with
+    audio=None the range's audio alone as one wav (a reference)."""
+    modules = spec.get("node_modules")
+    renderer = Path(modules or "") / "@remotion" / "renderer"
+    if not modules or not (renderer / "package.json").is_file():
+        raise RemotionError(f"no @remotion/renderer in node_modules {modules!r} (the worker's render.node_modules)")
+    options = {"serveUrl": str(Path(spec["bundle"]).resolve()), "composition": spec["composition"],
+               "props": spec.get("props") or {}, "frameRange": [first, last],
+               "browser": spec.get("browser", "/usr/bin/chromium"),
+               "concurrency": spec.get("concurrency"), "sampleRate": spec.get("sample_rate")}
+    if audio is None:
+        options.update(codec="wav", output=str(video), audioCodec=None, separateAudioTo=None)
     else:
-        argv += ["--codec", "h264-ts", "--audio-codec", "pcm-16", "--separate-audio-to", str(audio),
-                 "--enforce-audio-track"]
-    if spec.get("sample_rate"):
-        argv += ["--sample-rate", str(spec["sample_rate"])]
-    if spec.get("concurrency"):
-        argv += ["--concurrency", str(spec["concurrency"])]
-    return argv
+        options.update(codec="h264-ts", output=str(video), audioCodec="pcm-16", separateAudioTo=str(audio))
+    options = {k: v for k, v in options.items() if v is not None}
+    return [spec.get("node", "node"), "-e", _RENDER_JS, str(renderer), json.dumps(options)]
 
 
 def render_range(spec: dict, first: int, last: int, video: Path, audio: Path | None, *, cwd: Path) -> None:

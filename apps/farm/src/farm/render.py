@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import os
 import secrets
-import subprocess
 import time
 import wave
 from fractions import Fraction
 from pathlib import Path
 
-from farm import remotion
+from farm import proc, remotion
 
 VIDEO_EXT = "ts"
 SAMPLE_RATE = 48000
@@ -52,12 +51,7 @@ def chirp_expr(first_sample: int, sample_rate: int = SAMPLE_RATE) -> str:
 
 def ffmpeg(args: list, what: str = "ffmpeg") -> None:
     argv = ["ffmpeg", "-hide_banner", "-loglevel", "error", "-nostdin", "-y", *map(str, args)]
-    try:
-        proc = subprocess.run(argv, check=False, capture_output=True, text=True)
-    except FileNotFoundError as e:
-        raise RenderError("ffmpeg not found: install Debian's ffmpeg package") from e
-    if proc.returncode != 0:
-        raise RenderError(f"{what} failed ({proc.returncode}): {' '.join(argv)}\n{proc.stderr[-4000:]}")
+    proc.run(argv, what=what, error=RenderError)
 
 
 def _testsrc(spec: dict, first: int, last: int, video: Path, audio: Path, *, cwd: Path) -> None:

@@ -6,10 +6,15 @@ out again (its worker died or hung: the message comes back `redelivered`) is not
 `lost`. So each attempt is one message the coordinator published and counted in its SQLite file; the
 coordinator alone decides whether to publish another (attempts cap) and the count survives a kill -9
 of anything, the coordinator included (reports wait in the queue, persistent, acked after the commit).
+
+The executables are the worker's: its settings.render's node, browser, node_modules and concurrency
+replace the job spec's. With host_url the worker shares no filesystem with the host: it fetches the
+bundle by hash and uploads its parts (farm.transport).
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -17,15 +22,24 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from celery import Celery
-from kombu import Queue
+from kombu import Exchange, Queue
 
 from farm import render as media
+from farm import transport
 from farm.config import Settings
 
 app = Celery("farm")
-here = SimpleNamespace(settings=Settings(), node=socket.gethostname())   # set by configure()
+here = SimpleNamespace(settings=Settings(), node=socket.gethostname(), host=None)   # set by configure()
 
 RETRY = {"max_retries": 5, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 3}
+WORKER_KEYS = ("node", "browser", "node_modules", "concurrency")
+QUEUE_ARGS = {"x-max-priority": 9}
+
+
+def queue_of(job_id: str) -> Queue:
+    name = "farm.job." + job_id
+    return Queue(name, Exchange(name, "direct"), routing_key=name,    # as add_consumer declares it
+                 queue_arguments=QUEUE_ARGS)
 
 
 def configure(s: Settings, node_name: str | None = None) -> Celery:
@@ -66,29 +80,85 @@ def _ticker(stop: threading.Event, t0: float, ids: dict) -> None:
             pass
 
 
+def worker_spec(spec: dict, settings: Settings) -> dict:
+    """The job's spec with this worker's own executables: they are the node's, not the job's."""
+    own = settings.render or {}
+    return {**spec, **{k: own[k] for k in WORKER_KEYS if k in own}}
+
+
+def _host() -> transport.Host | None:
+    s = here.settings
+    if s.host_url and here.host is None:    # made in the pool child, which uses it
+        here.host = transport.Host(s.host_url, s.worker_token(), s.cache_dir, keep=s.bundle_cache_keep)
+    return here.host if s.host_url else None
+
+
+def _put_back(request, kwargs: dict) -> None:
+    """A copy to the job's queue, through the default exchange and not declared: a job cancelled
+    meanwhile has no queue, and the copy goes nowhere. Not Reject(requeue=True): the message would
+    come back `redelivered`, which the next worker takes for a lost one."""
+    app.send_task("farm.render", task_id=request.id, kwargs={**kwargs, "held": kwargs.get("held", 0) + 1},
+                  queue=queue_of(kwargs["job"]), declare=[], ignore_result=True,
+                  priority=request.delivery_info.get("priority") or 0)
+
+
 @app.task(name="farm.render", bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
-def render(self, job: str, index: int, *, first: int, last: int, spec: dict) -> None:
+def render(self, job: str, index: int, *, first: int, last: int, spec: dict, avoid=None, held: int = 0) -> None:
     ids = {"job": job, "index": index, "attempt": self.request.id}
+    s = here.settings
     if self.request.delivery_info.get("redelivered"):
         report("lost", **ids)
-        time.sleep(here.settings.lost_hold_s)
+        time.sleep(s.lost_hold_s)
+        return
+    # A retry avoids the node that failed it, while no other node has taken it for silent_after_s. Back
+    # in the queue first, then the hold: another worker that frees up meanwhile finds it there.
+    if here.node in (avoid or ()) and held * s.avoid_hold_s < s.silent_after_s:
+        _put_back(self.request, {"job": job, "index": index, "first": first, "last": last, "spec": spec,
+                                 "avoid": avoid, "held": held})
+        time.sleep(s.avoid_hold_s)
         return
     report("started", first=first, last=last, **ids)
-    t0, stop = time.time(), threading.Event()
+    t0, stop, timings = time.time(), threading.Event(), {}
     ticker = threading.Thread(target=_ticker, args=(stop, t0, ids), daemon=True)
     ticker.start()
-    parts = Path(here.settings.parts_dir)
-    workdir = parts / job
     try:
-        workdir.mkdir(parents=True, exist_ok=True)
-        out = media.render_chunk(spec, index, first, last, workdir)
+        out = _render(job, index, first, last, worker_spec(spec, s), timings=timings)
     except Exception as e:
         stop.set()
-        report("failed", error=("%s: %s" % (type(e).__name__, e))[:2000], elapsed=time.time() - t0, **ids)
-        time.sleep(here.settings.failure_backoff_s)
+        report("failed", error=("%s: %s" % (type(e).__name__, e))[:2000], elapsed=time.time() - t0,
+               timings=timings, **ids)
+        time.sleep(s.failure_backoff_s)
         return
     stop.set()
-    # Paths relative to parts_dir: the host mounts the same share, maybe elsewhere.
-    rel = {k: str(Path(out[k]).resolve().relative_to(parts.resolve())) for k in ("video", "audio")}
     report("done", frames=out.get("frames"), seconds=out.get("seconds", time.time() - t0),
-           elapsed=time.time() - t0, **rel, **ids)
+           elapsed=time.time() - t0, video=out["video"], audio=out["audio"], timings=timings, **ids)
+
+
+def _render(job: str, index: int, first: int, last: int, spec: dict, *, timings: dict) -> dict:
+    """render_chunk's result, its parts where the host reads them: video and audio relative to the
+    host's parts_dir (the host mounts the share maybe elsewhere, or the parts were uploaded there)."""
+    s, host = here.settings, _host()
+    t = time.monotonic()
+    if host and spec.get("bundleHash"):
+        spec = {**spec, "bundle": str(host.bundle(spec["bundleHash"]))}
+    timings["fetch_s"] = round(time.monotonic() - t, 3)
+    parts = Path(s.cache_dir) / "parts" if host else Path(s.parts_dir)
+    workdir = parts / job
+    workdir.mkdir(parents=True, exist_ok=True)
+    t = time.monotonic()
+    out = media.render_chunk(spec, index, first, last, workdir)
+    timings["render_s"] = round(time.monotonic() - t, 3)
+    files = {k: Path(out[k]) for k in ("video", "audio")}
+    if host:
+        t = time.monotonic()
+        try:
+            for f in files.values():
+                host.upload(job, f)
+        finally:                    # uploaded or not, the node keeps no parts
+            for f in files.values():
+                f.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                workdir.rmdir()
+        timings["upload_s"] = round(time.monotonic() - t, 3)
+        return {**out, **{k: "%s/%s" % (job, f.name) for k, f in files.items()}}
+    return {**out, **{k: str(f.resolve().relative_to(parts.resolve())) for k, f in files.items()}}

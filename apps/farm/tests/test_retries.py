@@ -1,0 +1,69 @@
+"""Attempts that go quiet or fail, against a real RabbitMQ and real workers: the watchdog gives up a
+silent attempt (and never a queued one), a publish that fails is tried again, a retry goes around
+the node that failed it while another node of the job answers."""
+
+from __future__ import annotations
+
+import json
+
+from _engine import assert_every_chunk_once, broker_fixture, make_farm_fixture, wait_for  # noqa: F401 (fixtures)
+
+
+def test_a_silent_attempt_is_given_up_and_rendered_elsewhere(make_farm):
+    """A worker whose reports of one chunk stop after `started` (its render goes on, `done` cannot be
+    published): the chunk is silent. Chunks waiting in the queue longer than silent_after_s are not."""
+    farm = make_farm(silent_after_s=3.0)
+    nodes = farm.nodes[:2]
+    marker = farm.root / "went-silent"
+    farm.start_workers(nodes, FARM_TEST_SILENT=str(marker), FARM_TEST_MIN_CHUNK_S="1.5")
+    farm.start_coordinator()
+    job_id = farm.submit(frames=120, nodes=nodes)          # 8 chunks on 2 workers: the last wait > 3 s
+    farm.wait_state(job_id, ("done", "failed"), timeout=90)
+    assert_every_chunk_once(farm, job_id)
+    tries = farm.attempts(job_id)
+    [silent] = [a for a in tries if a["state"] == "lost"]
+    assert silent["n"] == 1 and "silent for" in silent["error"] and "revoked" in silent["error"], silent
+    again = [a for a in tries if a["idx"] == silent["idx"] and a["n"] == 2]
+    assert again and again[0]["state"] == "done" and again[0]["node"] != silent["node"]
+    assert all(a["n"] == 1 and a["state"] == "done" for a in tries if a["idx"] != silent["idx"]), tries
+    queued_s = max(a["started_at"] - a["created_at"] for a in tries if a["n"] == 1)
+    assert queued_s > 3.0, queued_s                         # some waited longer than silent_after_s
+    events = [e["text"] for e in farm.db.view(job_id)["events"]]
+    assert any("chunk %d attempt 1 on %s: silent for" % (silent["idx"], silent["node"]) in e for e in events)
+
+
+def test_a_publish_that_fails_is_tried_again(make_farm):
+    farm = make_farm()
+    farm.start_workers(FARM_TEST_MIN_CHUNK_S="0.2")
+    farm.start_coordinator(FARM_TEST_PUBLISH_FAILS="3")
+    job_id = farm.submit(frames=60)
+    farm.wait_state(job_id, ("done", "failed"), timeout=60)
+    assert_every_chunk_once(farm, job_id)
+    assert all(a["n"] == 1 for a in farm.attempts(job_id))
+    assert farm.log("coordinator.log").count("not published (ConnectionError: injected") == 3
+
+
+def test_a_retry_avoids_the_node_that_failed_it(make_farm):
+    """A small job on a broken node and a busy good one: without avoid the broken node takes its own
+    retries (it is the only free one) and uses up the chunk's attempts."""
+    farm = make_farm(failure_backoff_s=0.0)
+    good, broken, absent = farm.nodes
+    farm.start_worker(good, FARM_TEST_MIN_CHUNK_S="8")
+    farm.start_worker(broken, FARM_TEST_BROKEN="1")
+    farm.wait_workers([good, broken])
+    farm.start_coordinator()
+    busy = farm.submit(frames=10, nodes=[good])            # keeps the good node busy for 8 s
+    wait_for("the good node busy", lambda: any(a["state"] == "started" for a in farm.attempts(busy)), 60)
+    job_id = farm.submit(frames=10, nodes=[good, broken])  # one chunk
+    job = farm.wait_state(job_id, ("done", "failed"), timeout=120)
+    assert job["state"] == "done", (job["reason"], farm.attempts(job_id))
+    tries = farm.attempts(job_id)
+    assert [(a["n"], a["node"], a["state"]) for a in tries] == [(1, broken, "failed"), (2, good, "done")]
+    assert tries[0]["avoid"] is None and json.loads(tries[1]["avoid"]) == [broken]
+    assert farm.wait_state(busy, "done")["state"] == "done"
+
+    # no other node answers (its worker is not running): the retries may go to the broken node
+    lonely = farm.submit(frames=10, nodes=[broken, absent])
+    job = farm.wait_state(lonely, ("done", "failed"), timeout=120)
+    assert job["state"] == "failed" and "failed 3 attempts" in job["reason"]
+    assert [(a["node"], a["avoid"]) for a in farm.attempts(lonely)] == [(broken, None)] * 3
