@@ -1,0 +1,126 @@
+"""Verify the render farm on the molecule lab (testinfra): what listens where, the workers, the
+example rendered on three nodes with sample-exact audio, and a worker killed mid-job.
+
+The tests run in file order: the last one kills a worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import time
+
+import pytest
+import testinfra
+
+LAB = os.environ.get("VCA_LAB_NAME", "vcamolfarm")
+NODES = ["vca-node0", "vca-node1", "vca-node4"]
+SUBMIT = ("farm submit --project /var/lib/farm/examples/hello --composition Hello --out {out} --nodes "
+          + " ".join(NODES))
+ONE_SAMPLE_MS = 1000 / 48000
+
+
+def machine(name: str):
+    return testinfra.get_host(f"docker://{LAB}-{name}")
+
+
+HOST = machine("host")
+
+
+def status(job: str) -> dict:
+    return json.loads(HOST.check_output(f"farm status {job} --json"))
+
+
+PING = """
+import json, sys
+from farm import config, tasks
+app = tasks.configure(config.load())
+print(json.dumps(app.control.ping(destination=["farm@" + sys.argv[1]], timeout=5)))
+"""
+
+
+def ping(node: str) -> list:
+    return json.loads(HOST.check_output("runuser -u farm -- env FARM_CONFIG=/etc/farm/farm.toml"
+                                        " /opt/farm/venv/bin/python -c %s %s" % (shlex.quote(PING), node)))
+
+
+def listeners() -> list[tuple[str, int]]:
+    out = []
+    for line in HOST.check_output("ss -Hltn").splitlines():
+        addr, _, port = line.split()[3].rpartition(":")
+        out.append((addr.strip("[]"), int(port)))
+    return out
+
+
+def test_the_broker_listens_on_the_farm_address_and_loopback_only():
+    ip = HOST.check_output(f"getent ahostsv4 {LAB}-host").split()[0]
+    found = listeners()
+    assert (ip, 5672) in found and (ip, 8790) in found, found            # AMQP and the API, for the workers
+    assert ("127.0.0.1", 25672) in found and ("127.0.0.1", 4369) in found, found   # distribution, epmd
+    for addr, port in found:
+        if port in (5672, 25672, 4369, 8790):
+            assert addr in (ip, "127.0.0.1"), (addr, port)
+
+
+def test_only_the_farm_user_on_its_own_vhost():
+    users = HOST.check_output("rabbitmqctl -q list_users --formatter json")
+    assert [u["user"] for u in json.loads(users)] == ["farm"]
+    perms = json.loads(HOST.check_output("rabbitmqctl -q list_user_permissions farm --formatter json"))
+    assert [p["vhost"] for p in perms] == ["farm"]
+
+
+@pytest.mark.parametrize("node", NODES)
+def test_a_worker_runs_on_each_farm_node(node):
+    n = machine(node.removeprefix("vca-"))
+    assert n.service("farm-worker").is_running
+    unit = n.check_output("systemctl show farm-worker -p KillMode -p User")
+    assert "KillMode=mixed" in unit and "User=farm" in unit
+    # The worker reaches the broker with the farm's credentials: it answers a ping sent from the host.
+    deadline = time.monotonic() + 120
+    while not ping(node):
+        assert time.monotonic() < deadline, f"farm@{node} does not answer a ping"
+        time.sleep(2)
+
+
+def test_the_example_renders_on_three_nodes_with_exact_audio():
+    run = HOST.run(SUBMIT.format(out="hello.mp4") + " --verify")
+    assert run.rc == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    job = run.stdout.split()[0]
+    v = status(job)
+    assert v["job"]["state"] == "done", v["job"]["reason"]
+    check = v["job"]["result"]["verify"]
+    assert check["ok"] and check["frames"] == 90, check
+    assert abs(check["offsetMs"]) < ONE_SAMPLE_MS and abs(check["driftMs"]) < ONE_SAMPLE_MS, check
+    assert [(c["first"], c["last"], c["state"]) for c in v["chunks"]] == [(0, 29, "done"), (30, 59, "done"),
+                                                                        (60, 89, "done")]
+    assert {c["node"] for c in v["chunks"]} <= set(NODES)
+    frames = HOST.check_output("ffprobe -v error -count_frames -select_streams v -show_entries"
+                               " stream=nb_read_frames -of csv=p=0 /var/lib/farm/out/hello.mp4")
+    assert int(frames) == 90
+
+
+def test_a_worker_killed_mid_job_costs_a_retry_not_the_job():
+    job = HOST.check_output(SUBMIT.format(out="killed.mp4") + " --detach").split()[0]
+    deadline = time.monotonic() + 300
+    victim = None
+    while victim is None:
+        assert time.monotonic() < deadline, status(job)
+        chunks = status(job)["chunks"]
+        victim = next((c["node"] for c in chunks if c["state"] == "rendering"), None)
+        time.sleep(0.5)
+    # Every process of the worker's unit, the render's node and chromium included: kill -9 of the node's worker.
+    machine(victim.removeprefix("vca-")).check_output("systemctl kill -s KILL farm-worker")
+    while status(job)["job"]["state"] not in ("done", "failed", "cancelled"):
+        assert time.monotonic() < deadline, status(job)
+        time.sleep(1)
+    v = status(job)
+    assert v["job"]["state"] == "done", v["job"]["reason"]
+    assert v["retries"] >= 1, v["events"]
+    check = v["job"]["result"]["verify"]
+    assert check["ok"] and check["frames"] == 90, check
+    # The unit came back by itself (Restart=on-failure).
+    n = machine(victim.removeprefix("vca-"))
+    deadline = time.monotonic() + 60
+    while not n.service("farm-worker").is_running:
+        assert time.monotonic() < deadline
+        time.sleep(1)
