@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -147,13 +146,8 @@ def composition(bundle_dir: Path, composition_id: str, props: dict, *, node_modu
     """{"id", "frames", "fps", "width", "height"} of a composition in a bundle (with these props)."""
     argv = [node, "-e", _SELECT_JS, Path(node_modules) / "@remotion" / "renderer", Path(bundle_dir).resolve(),
             composition_id, json.dumps(props or {}), browser]
-    try:
-        proc = subprocess.run([str(a) for a in argv], check=False, capture_output=True, text=True)
-    except FileNotFoundError as e:
-        raise RemotionError(f"{node} not found: install nodejs") from e
-    if proc.returncode != 0:
-        raise RemotionError(f"composition {composition_id!r} in {bundle_dir}: {proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    out = proc.run(argv, what=f"composition {composition_id!r} in {bundle_dir}", error=RemotionError).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def job_spec(project: Path, composition_id: str, props: dict, settings) -> dict:
