@@ -72,7 +72,8 @@ def test_the_sigterm_handler_is_put_back_and_only_the_main_thread_installs_one()
 # A caller as the pool child is: the command it runs starts a grandchild (node starts chromium and
 # ffmpeg) and writes its pid; the test then sends SIGTERM to the caller, or the caller interrupts itself.
 CALLER = r"""
-import signal, sys
+import faulthandler, signal, sys
+faulthandler.dump_traceback_later(25)   # a caller hung in run() says where, before the test's 30 s
 sys.path.insert(0, %(src)r)
 from farm import proc
 proc.GRACE_S = %(grace)r
@@ -129,7 +130,11 @@ def test_a_group_that_ignores_sigterm_gets_sigkill_after_the_grace(tmp_path):
 def test_an_exception_in_the_wait_kills_the_group_before_it_propagates(tmp_path):
     p, grandchild = caller(tmp_path, "interrupt")
     p.send_signal(signal.SIGINT)                 # Ctrl-C: KeyboardInterrupt in the wait
-    out, err = p.communicate(timeout=30)
+    try:
+        out, err = p.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        pytest.fail("the caller hung in run() after SIGINT:\n" + p.communicate()[1][-4000:])
     assert p.returncode == 9, (out, err)         # it came out of run()
     assert not alive(grandchild)                 # gone before run() let the exception through
 
