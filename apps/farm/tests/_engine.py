@@ -45,15 +45,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(what: str, check, timeout: float, every: float = 0.1):
-    """check() until it returns something true; fail with `what` after timeout (scaled) seconds."""
+def wait_for(what: str, check, timeout: float, every: float = 0.1, *, why=None):
+    """check() until it returns something true; fail with `what` (and why(), if given) after
+    timeout (scaled) seconds."""
     deadline = time.monotonic() + timeout * SLOW
     while True:
         got = check()
         if got:
             return got
         if time.monotonic() > deadline:
-            raise AssertionError("timed out after %.0f s waiting for %s" % (timeout * SLOW, what))
+            raise AssertionError("timed out after %.0f s waiting for %s%s" % (
+                timeout * SLOW, what, "" if why is None else "\n%s" % (why(),)))
         time.sleep(every)
 
 
