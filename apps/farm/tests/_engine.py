@@ -383,8 +383,8 @@ def frame_hashes(path: Path) -> list[str]:
 # -- a stand-in of smem's lease routes ----------------------------------------------------------------
 class LeaseStandIn:
     """POST/GET /v5/admin/leases, DELETE /v5/admin/leases/{id}, as smem answers them (201, 409, 404,
-    403 without the admin token), on 127.0.0.1. `calls` records every request. patch=True adds a
-    renew route (PATCH {ttlSeconds}) that smem does not have today."""
+    403 without the admin token), on 127.0.0.1. `calls` records every request. patch=True adds the
+    renew route (PATCH {ttlSeconds}) that smem has; without it, the 405 of an smem from before it."""
 
     TOKEN = "admin-test-token"
 

@@ -95,7 +95,7 @@ def test_a_hung_worker_sigstop_is_requeued_after_the_heartbeat(make_farm):
     stopped_at = time.time()
     os.killpg(worker.pid, signal.SIGSTOP)          # a hung node (docker pause): no heartbeat, socket open
 
-    # broker_heartbeat 10 s: RabbitMQ drops the connection after two missed beats, then re-delivers
+    # broker_heartbeat (6 s by default): RabbitMQ drops the connection after two missed beats, then re-delivers
     retry = wait_for("chunk %d to start again after the heartbeat" % victim["idx"],
                      lambda: restarted(farm, job_id, victim), 90)
     requeue_s = retry["started_at"] - stopped_at
@@ -107,7 +107,7 @@ def test_a_hung_worker_sigstop_is_requeued_after_the_heartbeat(make_farm):
     lost = next(a for a in farm.attempts(job_id) if a["id"] == victim["id"])
     assert lost["state"] == "lost"
     print("\nSIGSTOP of %s mid-chunk %d: re-delivered by the broker %.1f s later, started again on %s"
-          " %.1f s later (broker_heartbeat 10 s)" % (victim["node"], victim["idx"], lost["finished_at"] - stopped_at,
+          " %.1f s later (broker_heartbeat 6 s)" % (victim["node"], victim["idx"], lost["finished_at"] - stopped_at,
                                                      retry["node"], requeue_s))
 
 

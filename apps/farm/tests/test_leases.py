@@ -31,7 +31,7 @@ def test_a_job_takes_renews_and_releases_its_lease(make_farm, smem):
     farm.start_coordinator()
     job_id = farm.submit(frames=120)
     first = running_with_lease(farm, smem, job_id)
-    # smem has no renew route (405): a renewal releases and takes again, one live lease at a time
+    # an smem without the renew route (405): a renewal releases and takes again, one live lease at a time
     wait_for("a renewal", lambda: smem.live() and smem.live()[0]["id"] != first["id"], 60)
     assert len(smem.live()) == 1
     job = farm.wait_state(job_id, ("done", "failed"), timeout=180)

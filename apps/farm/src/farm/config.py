@@ -18,7 +18,7 @@ FARM_NODES = ["vca-node0", "vca-node1", "vca-node4", "vca-node5"]   # inventory 
 @dataclass
 class Settings:
     broker_url: str = "amqp://farm:farm@127.0.0.1:5672/farm"
-    broker_heartbeat: int = 10            # a hung node's chunk is re-queued after about two of these
+    broker_heartbeat: int = 6             # a hung node's chunk is re-queued after two to three of these
     reports_queue: str = "farm.reports"   # workers -> coordinator: started / progress / done / failed / lost
     db_path: str = "/var/lib/farm/farm.db"            # job state, on the host
     work_dir: str = "/var/lib/farm/work"              # scratch (bundles, temporaries)

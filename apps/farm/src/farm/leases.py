@@ -18,7 +18,7 @@ class LeaseClient:
         # smem answers a POST once the nodes' calls in flight are done: up to a lane's timeout_s.
         self.http = httpx.Client(base_url=url.rstrip("/"), timeout=timeout,
                                  headers={"Authorization": "Bearer " + token})
-        self.patch_renew = True   # until smem answers 405: it has no renew route, so renew re-takes
+        self.patch_renew = True   # until an smem without the renew route answers 405: then renew re-takes
 
     def close(self) -> None:
         self.http.close()
@@ -44,7 +44,7 @@ class LeaseClient:
         return True
 
     def renew(self, lease: dict, holder: str, ttl_s: float) -> dict:
-        """The lease with a new expiresAt. smem's API has no renew route today: then (405) the lease is
+        """The lease with a new expiresAt, by PATCH. An smem without that route (405): the lease is
         released and taken again at once, a new id; a lease that had expired (404) is taken again."""
         if self.patch_renew:
             r = self.http.patch("/v5/admin/leases/" + lease["id"], json={"ttlSeconds": ttl_s})
