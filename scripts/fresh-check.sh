@@ -43,4 +43,5 @@ docker create --name "$name" \
         make unit' >/dev/null
 git ls-files -z --cached --others --exclude-standard \
     | tar --null -T - --transform 's,^,src/,SH' -cf - | docker cp - "$name:/"
-docker start -a "$name"
+mkdir -p build
+docker start -a "$name" 2>&1 | tee build/fresh-check.log

@@ -2,7 +2,8 @@
 # Runs every check `make test` promises and prints one summary line per step.
 # Steps: yamllint, ansible-lint, ruff, pytest (tests/, then apps/vcamon/tests, apps/smem/tests, apps/farm/tests), the install
 # steps proved in a throwaway bare-Debian container (fresh), each molecule scenario, then
-# the node image (two builds bit-identical, a QEMU boot).
+# the node image (two builds bit-identical, a QEMU boot). When fresh runs too, the unit tests run
+# once, in there: the same tests on a freshly bootstrapped machine, which is the stricter place.
 # With arguments, only those groups run: lint, unit, fresh, molecule, image.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +38,10 @@ for g in $groups; do
         step ruff ruff check .
         ;;
     unit)
+        if [[ " $groups " == *" fresh "* ]]; then
+            echo "=== unit: the unit tests run once, inside fresh-machine, on a freshly bootstrapped Debian"
+            continue
+        fi
         step llama-server llama_server_env
         step pytest pytest -q tests
         step vcamon-tests pytest -q apps/vcamon/tests
@@ -55,6 +60,9 @@ for g in $groups; do
         ;;
     fresh)
         step fresh-machine scripts/fresh-check.sh
+        # the steps make unit ran in there, with their times
+        while read -r line; do results+=("  $line"); done < <(
+            sed -n '/^=== make test summary/,$p' build/fresh-check.log 2>/dev/null | grep -E '^(PASS|FAIL)  ' | sed 's/^\(PASS\|FAIL\)  /&fresh:/')
         ;;
     *) echo "unknown group $g (lint, unit, fresh, molecule, image)" >&2; exit 2 ;;
     esac
