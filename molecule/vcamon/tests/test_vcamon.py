@@ -1,4 +1,4 @@
-"""vcamon in the whole-site converge on the small lab: rows from every live node, down rows for node 3, status, page,
+"""vcamon on its own small lab (molecule/vcamon): rows from every live node, down rows for node 3, status, page,
 where each agent and the page listen, and the platform of every node.
 
 The lab's machines are addressed as docker://<lab>-host, docker://<lab>-node<n> (the lab name from VCA_LAB_NAME).
@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 import pytest
 import testinfra
 
-LAB = os.environ.get("VCA_LAB_NAME", "vcamol")
+LAB = os.environ.get("VCA_LAB_NAME", "vcamolmon")
 
 
 @pytest.fixture(scope="module")
