@@ -1,5 +1,6 @@
 """Verify the render farm on the molecule lab (testinfra): what listens where, the workers, the
-example rendered on three nodes with sample-exact audio, and a worker killed mid-job.
+example rendered on three nodes with sample-exact audio, a node hung mid-job (docker pause) and a
+worker killed mid-job.
 
 The tests run in file order: the last one kills a worker."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import subprocess
 import time
 
 import pytest
@@ -99,21 +101,56 @@ def test_the_example_renders_on_three_nodes_with_exact_audio():
     assert int(frames) == 90
 
 
+def rendering(job: str, deadline: float) -> dict:
+    """A chunk of the job being rendered, once one is."""
+    while True:
+        assert time.monotonic() < deadline, status(job)
+        chunk = next((c for c in status(job)["chunks"] if c["state"] == "rendering"), None)
+        if chunk:
+            return chunk
+        time.sleep(0.5)
+
+
+def finished(job: str, deadline: float) -> dict:
+    while (v := status(job))["job"]["state"] not in ("done", "failed", "cancelled"):
+        assert time.monotonic() < deadline, v
+        time.sleep(1)
+    return v
+
+
+def test_a_node_hung_mid_job_docker_pause_has_its_chunk_rendered_elsewhere():
+    job = HOST.check_output(SUBMIT.format(out="paused.mp4") + " --detach").split()[0]
+    deadline = time.monotonic() + 300
+    victim = rendering(job, deadline)
+    container = f"{LAB}-{victim['node'].removeprefix('vca-')}"
+    subprocess.run(["docker", "pause", container], check=True)     # a hung node: its sockets stay open
+    paused_at = time.monotonic()
+    try:
+        while True:       # the broker gives up the silent worker after two to three heartbeats
+            chunk = next(c for c in status(job)["chunks"] if c["idx"] == victim["idx"])
+            if chunk["node"] != victim["node"] and chunk["state"] in ("rendering", "done"):
+                break
+            assert time.monotonic() - paused_at < 120, status(job)
+            time.sleep(0.5)
+        requeue_s = time.monotonic() - paused_at
+    finally:
+        subprocess.run(["docker", "unpause", container], check=True)
+    v = finished(job, deadline)
+    assert v["job"]["state"] == "done", v["job"]["reason"]
+    check = v["job"]["result"]["verify"]
+    assert check["ok"] and check["frames"] == 90, check
+    assert sorted(c["idx"] for c in v["chunks"]) == [0, 1, 2]
+    print("docker pause of %s mid-chunk %d: rendering again on another node %.1f s later (lab)"
+          % (victim["node"], victim["idx"], requeue_s))
+
+
 def test_a_worker_killed_mid_job_costs_a_retry_not_the_job():
     job = HOST.check_output(SUBMIT.format(out="killed.mp4") + " --detach").split()[0]
     deadline = time.monotonic() + 300
-    victim = None
-    while victim is None:
-        assert time.monotonic() < deadline, status(job)
-        chunks = status(job)["chunks"]
-        victim = next((c["node"] for c in chunks if c["state"] == "rendering"), None)
-        time.sleep(0.5)
+    victim = rendering(job, deadline)["node"]
     # Every process of the worker's unit, the render's node and chromium included: kill -9 of the node's worker.
     machine(victim.removeprefix("vca-")).check_output("systemctl kill -s KILL farm-worker")
-    while status(job)["job"]["state"] not in ("done", "failed", "cancelled"):
-        assert time.monotonic() < deadline, status(job)
-        time.sleep(1)
-    v = status(job)
+    v = finished(job, deadline)
     assert v["job"]["state"] == "done", v["job"]["reason"]
     assert v["retries"] >= 1, v["events"]
     check = v["job"]["result"]["verify"]
