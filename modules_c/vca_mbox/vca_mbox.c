@@ -30,12 +30,12 @@ module_param(doorbell, uint, 0444);
 MODULE_PARM_DESC(doorbell, "doorbell rung after a message is posted (default 15, unused by vop)");
 
 static struct {
-	typeof(&plx_mbox_get) get;
-	typeof(&plx_mbox_put) put;
-	typeof(&plx_mbox_spad_read) read;
-	typeof(&plx_mbox_spad_write) write;
-	typeof(&plx_mbox_ring) ring;
-	typeof(&plx_mbox_api_version) version;
+	typeof(plx_mbox_get) *get;
+	typeof(plx_mbox_put) *put;
+	typeof(plx_mbox_spad_read) *read;
+	typeof(plx_mbox_spad_write) *write;
+	typeof(plx_mbox_ring) *ring;
+	typeof(plx_mbox_api_version) *version;
 } api;
 
 static DEFINE_MUTEX(vca_mbox_lock);
@@ -71,7 +71,8 @@ static int vca_mbox_resolve_api(void)
 		return -ENOENT;
 	}
 	if (api.version() != PLX_MBOX_API_VERSION) {
-		pr_err("vca_mbox: plx_mbox API version %d, expected %d\n", api.version(), PLX_MBOX_API_VERSION);
+		pr_err("vca_mbox: plx_mbox API version %d, expected %d\n", api.version(),
+		       PLX_MBOX_API_VERSION);
 		vca_mbox_release_api();
 		return -EPROTO;
 	}
