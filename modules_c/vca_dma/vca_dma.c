@@ -277,40 +277,53 @@ static void vca_dma_finish(struct vca_dma *d, bool abort)
 }
 
 /* Write one descriptor per piece, VALID last in each, then START. Lock held, ring idle. */
+/* Walks two segment lists in step: each piece is contiguous on both sides and fits a descriptor. */
+struct vca_dma_cursor {
+	const struct vca_dma_seg *src, *dst;
+	int nsrc, ndst, si, di;
+	u64 so, dof;
+};
+
+static u64 vca_dma_next_piece(struct vca_dma_cursor *c, dma_addr_t *s, dma_addr_t *t)
+{
+	u64 l;
+
+	if (c->si >= c->nsrc || c->di >= c->ndst)
+		return 0;
+	l = min3(c->src[c->si].len - c->so, c->dst[c->di].len - c->dof, VCA_DMA_DESC_MAX);
+	*s = c->src[c->si].addr + c->so;
+	*t = c->dst[c->di].addr + c->dof;
+	c->so += l;
+	c->dof += l;
+	if (c->so == c->src[c->si].len) {
+		c->si++;
+		c->so = 0;
+	}
+	if (c->dof == c->dst[c->di].len) {
+		c->di++;
+		c->dof = 0;
+	}
+	return l;
+}
+
 static int vca_dma_post(struct vca_dma *d, struct vca_dma_xfer *x, const struct vca_dma_seg *src,
 			int nsrc, const struct vca_dma_seg *dst, int ndst)
 {
-	u64 so = 0, dof = 0;
+	const struct vca_dma_cursor start = { .src = src, .dst = dst, .nsrc = nsrc, .ndst = ndst };
+	struct vca_dma_cursor c = start;
 	unsigned int n = 0;
-	int si = 0, di = 0;
+	dma_addr_t s, t;
+	u64 l;
 
 	/* Count first: nothing reaches the ring unless all of it fits. */
-	while (si < nsrc && di < ndst) {
-		u64 l = min3(src[si].len - so, dst[di].len - dof, VCA_DMA_DESC_MAX);
-
+	while (vca_dma_next_piece(&c, &s, &t))
 		if (++n > VCA_DMA_RING_LEN)
 			return -E2BIG;
-		so += l;
-		dof += l;
-		if (so == src[si].len) {
-			si++;
-			so = 0;
-		}
-		if (dof == dst[di].len) {
-			di++;
-			dof = 0;
-		}
-	}
 	x->first = d->head;
 	x->n = 0;
-	si = 0;
-	di = 0;
-	so = 0;
-	dof = 0;
-	while (si < nsrc && di < ndst) {
-		u64 l = min3(src[si].len - so, dst[di].len - dof, VCA_DMA_DESC_MAX);
+	c = start;
+	while ((l = vca_dma_next_piece(&c, &s, &t))) {
 		struct vca_dma_desc *desc = &d->ring[d->head];
-		dma_addr_t s = src[si].addr + so, t = dst[di].addr + dof;
 
 		desc->addr_hi = cpu_to_le32(((upper_32_bits(s) & 0xffff) << 16) |
 					    (upper_32_bits(t) & 0xffff));
@@ -321,16 +334,6 @@ static int vca_dma_post(struct vca_dma *d, struct vca_dma_xfer *x, const struct 
 		WRITE_ONCE(desc->ctl_size, cpu_to_le32(VCA_DMA_DESC_VALID | (u32)l));
 		x->len[x->n++] = l;
 		d->head = (d->head + 1) % VCA_DMA_RING_LEN;
-		so += l;
-		dof += l;
-		if (so == src[si].len) {
-			si++;
-			so = 0;
-		}
-		if (dof == dst[di].len) {
-			di++;
-			dof = 0;
-		}
 	}
 	wmb();	/* descriptors in memory before the engine is started */
 	x->t0 = ktime_get();
