@@ -114,3 +114,20 @@ def test_gemm_bench_runs_on_every_live_node_and_verifies(tmp_path):
         assert "Portable Computing Language" in rec["opencl"]["record"]["device"]["platform"]
     table = (run / "table.md").read_text()
     assert "| **combined** |" in table and table.count("| vca-node") == len(LIVE)
+
+
+def test_dma_bench_says_no_engine_and_gives_no_figure(tmp_path):
+    results = tmp_path / "bench"
+    env = f"VCA_LAB_NAME={LAB} ANSIBLE_CONFIG={PROJECT}/ansible.cfg ANSIBLE_NOCOLOR=1"
+    LOCAL.check_output(f"cd {PROJECT} && {env} ansible-playbook -i {INVENTORY} playbooks/bench/dma.yml"
+                       f" -e vca_bench_results_dir={results}")
+    (run,) = list(results.glob("dma-*"))
+    records = {p.stem: json.loads(p.read_text()) for p in run.glob("*.json")}
+    assert sorted(records) == sorted(["vca-host"] + [f"vca-node{n}" for n in LIVE])
+    for host, rec in records.items():
+        result = rec["result"]
+        assert result.get("failed") is not True, (host, result.get("msg"))
+        assert result["unsupported"] is True and result["msg"].startswith("unsupported: no PLX DMA engine found")
+        assert result["looked_for"] and "record" not in result, (host, result)
+    table = (run / "table.md").read_text()
+    assert "no figure was measured" in table and "| from | to |" not in table   # no leg, no figure
