@@ -212,6 +212,24 @@ def run_engines(p, paths, guard, check_mode):
     return out
 
 
+def check_params(module, p):
+    """Bad input fails here, before any engine is opened; node_rates' keys become ints."""
+    if p["bytes"] < 4 or p["bytes"] % 4:
+        module.fail_json(msg="bytes must be a positive multiple of 4, got %d" % p["bytes"])
+    if p["repeats"] < 1:
+        module.fail_json(msg="repeats must be at least 1, got %d" % p["repeats"])
+    if p["node_rates"]:
+        try:
+            p["node_rates"] = dict((int(k), v) for k, v in p["node_rates"].items())
+            predict(p["node_rates"], p["dead"], p["efficiency"])
+            if p["mode"] == "ring" and not p["order"]:
+                plan_ring(p["node_rates"], p["dead"], p["efficiency"])
+        except (PlanError, ValueError) as exc:
+            module.fail_json(msg="node_rates: %s" % exc)
+    elif p["mode"] == "ring" and not p["order"]:
+        module.fail_json(msg="ring mode needs order or node_rates")
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -235,26 +253,16 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    if p["bytes"] < 4 or p["bytes"] % 4:
-        module.fail_json(msg="bytes must be a positive multiple of 4, got %d" % p["bytes"])
-    if p["repeats"] < 1:
-        module.fail_json(msg="repeats must be at least 1, got %d" % p["repeats"])
-    if p["node_rates"]:
-        try:
-            p["node_rates"] = dict((int(k), v) for k, v in p["node_rates"].items())
-            predict(p["node_rates"], p["dead"], p["efficiency"])
-            if p["mode"] == "ring" and not p["order"]:
-                plan_ring(p["node_rates"], p["dead"], p["efficiency"])
-        except (PlanError, ValueError) as exc:
-            module.fail_json(msg="node_rates: %s" % exc)
-    elif p["mode"] == "ring" and not p["order"]:
-        module.fail_json(msg="ring mode needs order or node_rates")
+    check_params(module, p)
 
     found = dma.find_engines(p["dev_root"], p["sysfs_root"])
     if "unsupported" in found:
         module.exit_json(changed=False, unsupported=True, msg=found["unsupported"], looked_for=found["looked_for"],
                          plx_functions=found["plx_functions"])
     paths = p["engines"] or found["engines"]
+    if dma.np is None:
+        module.fail_json(msg="an engine is here (%s) but the DMA probe needs NumPy (python3-numpy) to fill and check"
+                         " its buffers" % ", ".join(paths), looked_for=found["looked_for"])
 
     evidence = platform_evidence(Sysfs(p["sysfs_root"]))
     record = {"mode": p["mode"], "platform": platform_label(evidence), "platform_evidence": evidence,

@@ -32,7 +32,10 @@ import os
 import statistics
 import time
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:   # finding engines needs no NumPy: a machine without one answers unsupported
+    np = None
 
 from . import vca_dma_abi as abi
 from . import vca_ring_plan
@@ -51,6 +54,10 @@ SKIPPED_GONE = "skipped: engine gone"
 
 
 class EngineGone(Exception):
+    pass
+
+
+class MissingNumPy(RuntimeError):
     pass
 
 
@@ -153,6 +160,9 @@ class Probe(object):
         self.repeats = repeats
         self.timeout_ms = timeout_ms
         self.guard = guard
+        if np is None:
+            raise MissingNumPy("the DMA probe needs NumPy on %s's machine (python3-numpy) to fill and"
+                               " check its buffers" % dev.path)
         self.rng = np.random.default_rng(seed)
         self.gone = False
         self.windows = []

@@ -263,6 +263,18 @@ def test_module_in_the_lab_is_unsupported_not_failed(tmp_path, capsys):
     assert "record" not in result
 
 
+def test_without_numpy_no_engine_is_still_unsupported_and_an_engine_says_what_is_missing(tmp_path, capsys,
+                                                                                          monkeypatch):
+    monkeypatch.setattr(dma, "np", None)      # the lab host: no NumPy (role probes runs on nodes only)
+    (tmp_path / "dev").mkdir()
+    args = {"mode": "matrix", "dev_root": str(tmp_path / "dev"), "sysfs_root": str(pci_tree(tmp_path / "sys"))}
+    result = run_module("vca_dma", args, capsys)
+    assert result.get("failed") is not True and result["unsupported"] is True
+    (tmp_path / "dev" / "vca_dma0").write_text("")
+    result = run_module("vca_dma", args, capsys)
+    assert result["failed"] is True and "needs NumPy (python3-numpy)" in result["msg"], result
+
+
 @pytest.fixture
 def fake_node(tmp_path, monkeypatch):
     (tmp_path / "dev").mkdir()
