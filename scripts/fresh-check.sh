@@ -22,6 +22,7 @@ fi
 # second five-minute compile of the same llama-server.
 scripts/llama-server.sh >/dev/null
 scripts/lab-models.sh >/dev/null
+mkdir -p /var/cache/vcafleet/apt-archives-fresh   # its own: molecule, beside it, holds the shared one's apt lock
 mkdir -p /var/cache/vcafleet/farm-node   # the example's node_modules, by lock hash (farm's tests fill it)
 
 name="vcafleet-fresh-$$"
@@ -30,7 +31,7 @@ trap 'docker rm -f "$name" >/dev/null 2>&1 || true' EXIT
 # behind this workplace's TLS proxy, whose CA a bare rootfs does not know.
 docker create --name "$name" \
     -v /etc/ssl/certs/ca-certificates.crt:/etc/vcafleet-host-ca.crt:ro \
-    -v /var/cache/vcafleet/apt-archives:/var/cache/apt/archives \
+    -v /var/cache/vcafleet/apt-archives-fresh:/var/cache/apt/archives \
     -v /var/cache/vcafleet/llama-server:/var/cache/vcafleet/llama-server:ro \
     -v /var/cache/vcafleet/models:/var/cache/vcafleet/models:ro \
     -v /var/cache/vcafleet/farm-node:/var/cache/vcafleet/farm-node \

@@ -16,7 +16,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/image_builder/src
 PY=${PYTHON:-.venv/bin/python}
-CACHE=${VCA_IMAGE_CACHE:-/var/cache/vcafleet/vca-image}
+# Its own download cache: node_image, beside it in make test, syncs the lab's in and out.
+CACHE=${VCA_IMAGE_CACHE:-/var/cache/vcafleet/vca-image-test}
 OUT=build/image
 rm -rf "$OUT"
 mkdir -p "$OUT"

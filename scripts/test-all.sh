@@ -5,9 +5,14 @@
 # the node image (two builds bit-identical, a QEMU boot). When fresh runs too, the unit tests run
 # once, in there: the same tests on a freshly bootstrapped machine, which is the stricter place.
 # With arguments, only those groups run: lint, unit, fresh, molecule, image.
+# Two lanes: fresh and image run beside molecule (build/test-beside.log), since one molecule
+# scenario keeps about 1.5 of the 2 cores busy and the image's builds and boots mostly one; their
+# caches are their own (fresh: its apt archives; image: its build cache), so no lane takes another's
+# apt lock or reads a half-written download. VCA_TEST_LANES=1 runs everything in one lane.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 groups=${*:-lint unit fresh molecule image}
+all_groups=" $groups "
 scripts/preflight.sh ${groups/fresh/molecule} || exit 1
 
 results=()
@@ -30,6 +35,19 @@ llama_server_env() {
         && export SMEM_LLAMA_SERVER SMEM_TEST_GGUF
 }
 
+beside=""
+if [[ "${VCA_TEST_LANES:-2}" != 1 && "$all_groups" == *" molecule "* ]]; then
+    for g in fresh image; do
+        [[ "$all_groups" == *" $g "* ]] && beside+=" $g" && groups=$(echo " $groups " | sed "s/ $g / /")
+    done
+fi
+if [ -n "$beside" ]; then
+    mkdir -p build
+    echo "=== beside molecule:$beside (log: build/test-beside.log, printed at the end)"
+    VCA_TEST_LANES=1 scripts/test-all.sh $beside > build/test-beside.log 2>&1 &
+    beside_pid=$!
+fi
+
 for g in $groups; do
     case $g in
     lint)
@@ -38,7 +56,7 @@ for g in $groups; do
         step ruff ruff check .
         ;;
     unit)
-        if [[ " $groups " == *" fresh "* ]]; then
+        if [[ "$all_groups" == *" fresh "* ]]; then
             echo "=== unit: the unit tests run once, inside fresh-machine, on a freshly bootstrapped Debian"
             continue
         fi
@@ -68,8 +86,19 @@ for g in $groups; do
     esac
 done
 
+if [ -n "$beside" ]; then
+    wait "$beside_pid"
+    echo "=== beside molecule:$beside: its log"
+    cat build/test-beside.log
+    while IFS= read -r line; do    # the fresh machine's own steps stay indented, as above
+        results+=("$line"); [[ $line == FAIL* ]] && failed=$((failed + 1))
+    done < <(sed -n '/^=== make test summary/,$p' build/test-beside.log | grep -E '^ *(PASS|FAIL)  ')
+    grep -q '^=== make test summary' build/test-beside.log || { results+=("FAIL  beside ($beside: no summary)"); failed=$((failed + 1)); }
+fi
+
 echo
 echo "=== make test summary"
 printf '%s\n' "${results[@]}"
 echo "summary: $((${#results[@]} - failed)) passed, $failed failed"
+echo "wall time: $SECONDS s (the lanes overlap: the steps' times add up to more)"
 [ "$failed" -eq 0 ]
