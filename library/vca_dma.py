@@ -21,11 +21,21 @@ description:
     therefore come from either direction; the leg says only that the data did not survive.
   - C(selftest) copies a user buffer to a second user buffer (TARGET_USER). C(matrix) runs send
     (TO_TARGET) and recv (FROM_TARGET) for every window onto the host, then for every window onto
-    a node. C(ring) runs the hops of a ring order (O(order), else the planner's order from
-    O(node_rates)) one after another on this engine; the driver takes one copy at a time per
-    engine, so this measures each hop as this engine drives it, in sequence, and NOT a pipelined
-    ring with every node's engine copying at once, nor contention between hops. A hop between
-    two other nodes is relayed through a local buffer (FROM one window, TO the other; times added).
+    a node. C(ring) uses a ring order (O(order) less the O(dead) nodes, else the planner's order
+    from O(node_rates)).
+  - "C(ring) with O(node) set is this node's part of a pipelined ring: the driver takes one copy at
+    a time per engine, so a pipeline is every node's engine sending its own hop at once. The module
+    runs only the hop this node sends (node -> its successor, through the window onto the
+    successor), first sleeping until O(start_at), and every leg carries the epoch start and end of
+    each timed copy (C(copies), C(started_at), C(ended_at)). Run it on every node with one
+    O(start_at), then C(ring_overlap) on the results says whether the hops overlapped and gives the
+    ring's figure only if they did."
+  - C(ring) without O(node) is the sequential ring, every hop one after another on this engine,
+    each relayed through a local buffer (FROM one window, TO the other; times added). It measures
+    each hop as this engine drives it, NOT a pipelined ring, nor contention between hops.
+  - C(ring_overlap) touches no engine (run it anywhere, e.g. localhost). From O(results), every
+    node's result of one pipelined ring run, it returns C(ring) (module_utils/vca_dma.py
+    ring_overlap()).
   - "One leg failing never stops the others. When the engine vanishes (ENODEV/ENOENT), the rest of
     that engine's legs are C(skipped: engine gone)."
   - Runs under the thermal guard (as M(vca_gemm)), checked between legs; a run it stops returns
@@ -36,9 +46,9 @@ description:
     submitted.
 options:
   mode:
-    description: C(selftest), C(matrix) or C(ring).
+    description: C(selftest), C(matrix), C(ring), or C(ring_overlap) (no engine; reads O(results)).
     type: str
-    choices: [selftest, matrix, ring]
+    choices: [selftest, matrix, ring, ring_overlap]
     default: selftest
   dev_root:
     description: Where to look for vca_dma<N> device nodes.
@@ -102,6 +112,16 @@ options:
     description: Seed of the random words.
     type: int
     default: 20260928
+  start_at:
+    description: Ring mode with O(node) set only. Epoch seconds (this machine's clock) at which
+      this node's hop starts; the module sleeps until then, at most 600 s ahead (further is refused
+      before any engine is opened). A start already past runs at once, with C(start.late_s) > 0.
+      Give every node the same value.
+    type: float
+  results:
+    description: C(ring_overlap) only. Every node's registered result of one pipelined ring run,
+      as a mapping host -> result.
+    type: dict
 author: vcafleet
 """
 
@@ -120,6 +140,21 @@ EXAMPLES = r"""
     sysfs_root: "{{ vca_sysfs_root }}"
     thermal_limit_c: "{{ vca_thermal_limit_c }}"
     record_dir: /var/lib/vcafleet/dma
+
+- name: This node's hop of a pipelined ring, every node starting at one agreed moment
+  vca_dma:
+    mode: ring
+    node: "{{ vca_node }}"
+    node_rates: {0: {send: 3997, recv: 3949}, 1: {send: 2058, recv: 4849}, 2: {send: 5642, recv: 3129}}
+    start_at: "{{ hostvars['localhost'].vca_bench_dma_start_at }}"
+  register: ring_hop
+
+- name: Did the hops overlap, and the ring's figure if they did
+  vca_dma:
+    mode: ring_overlap
+    results: "{{ dict(groups['vca_nodes'] | zip(groups['vca_nodes'] | map('extract', hostvars, 'ring_hop'))) }}"
+  delegate_to: localhost
+  run_once: true
 
 - name: What a ring run would do (no copy submitted)
   vca_dma:
@@ -144,8 +179,21 @@ record:
   description: platform (lab|hardware|unknown) and platform_evidence, thermal guard, and per engine (C(engines))
     the INFO answer, windows, counters_before and counters_after (COUNTERS), the ring plan, planned_legs and
     legs. Each leg has from, to, kind, bytes, repeats, mibps (null unless verified), reason, landed_words,
-    mismatched_words, status, wall_s, and predicted_mibps for a node-to-node leg when node_rates are given.
+    mismatched_words, status, wall_s, and predicted_mibps for a node-to-node leg when node_rates are given;
+    a leg that ran copies has copies (the epoch [start, end] of each timed copy), started_at and ended_at.
+    In ring mode an engine's record has order, ring (C(pipelined) or C(sequential)) and skipped_dead; a
+    pipelined one has start ({start_at, waited_s, late_s}) and, on a node outside the ring, ring_note.
   returned: when an engine was found
+  type: dict
+ring:
+  description: "C(ring_overlap) only: order; hops (hop, host, bytes, mibps, predicted_mibps, reason,
+    started_at, ended_at); missing (hops of the order that did not run); common_span_s (the hops' spans'
+    common interval, <= 0 when they did not overlap); all_in_flight_s (how long every hop's timed copy was
+    in flight at once); overlapped; pipelined (every hop ran, was verified and all were in flight at once);
+    ring_mibps and slowest_hop (only when pipelined: the slowest hop's bytes over the longest hop's copy
+    time); reason (why not pipelined); notes (a machine without a pipelined record, and why; a node
+    outside the ring)."
+  returned: in mode ring_overlap
   type: dict
 record_path:
   description: The JSON file written under O(record_dir).
@@ -194,7 +242,8 @@ def run_engines(p, paths, guard, check_mode):
         try:
             rec = dma.probe(dev, p["mode"], nbytes=p["bytes"], repeats=p["repeats"], timeout_ms=p["timeout_ms"],
                             guard=guard, node=p["node"], order=p["order"], node_rates=p["node_rates"],
-                            dead=p["dead"], efficiency=p["efficiency"], check_mode=check_mode, seed=p["seed"])
+                            dead=p["dead"], efficiency=p["efficiency"], check_mode=check_mode, seed=p["seed"],
+                            start_at=p["start_at"])
         except dma.EngineGone as exc:
             rec = {"error": str(exc), "engine_gone": True, "legs": []}
         except ThermalAbort as exc:
@@ -228,12 +277,23 @@ def check_params(module, p):
             module.fail_json(msg="node_rates: %s" % exc)
     elif p["mode"] == "ring" and not p["order"]:
         module.fail_json(msg="ring mode needs order or node_rates")
+    if p["mode"] == "ring" and p["order"]:
+        try:
+            dma.ring_order(p["order"], dead=p["dead"])
+        except PlanError as exc:
+            module.fail_json(msg="order: %s" % exc)
+    if p["start_at"] is not None:
+        if p["mode"] != "ring" or p["node"] is None:
+            module.fail_json(msg="start_at is for ring mode with node set (a pipelined ring's hop)")
+        ahead = p["start_at"] - dma.clock()
+        if ahead > dma.MAX_WAIT_S:
+            module.fail_json(msg="start_at is %.1f s away, more than %d s" % (ahead, dma.MAX_WAIT_S))
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            mode=dict(type="str", default="selftest", choices=["selftest", "matrix", "ring"]),
+            mode=dict(type="str", default="selftest", choices=["selftest", "matrix", "ring", "ring_overlap"]),
             dev_root=dict(type="path", default="/dev"),
             sysfs_root=dict(type="path", default="/sys"),
             engines=dict(type="list", elements="path"),
@@ -249,10 +309,17 @@ def main():
             allow_no_sensor=dict(type="bool", default=False),
             record_dir=dict(type="path"),
             seed=dict(type="int", default=20260928),
+            start_at=dict(type="float"),
+            results=dict(type="dict"),
         ),
         supports_check_mode=True,
     )
     p = module.params
+    if p["mode"] == "ring_overlap":
+        # Pure: reads the nodes' results, touches no engine, the same in check mode.
+        module.exit_json(changed=False, ring=dma.ring_overlap(p["results"] or {}))
+    if p["results"] is not None:
+        module.fail_json(msg="results is for mode ring_overlap")
     check_params(module, p)
 
     found = dma.find_engines(p["dev_root"], p["sysfs_root"])

@@ -15,11 +15,18 @@ leg first writes the source into the window (untimed) and compares what comes ba
 way a wrong word in either direction shows up as a mismatch; it cannot tell which direction
 lost it.
 
-Ring mode on one engine is a sequence of window copies in the ring's order, one at a time
-(the driver allows one copy in flight per engine): hop a->b is a send into b's window when a is
-this side, a recv from a's window when b is this side, else a relay through a local buffer
-(FROM a, then TO b, times added). It measures each hop as this engine drives it; it does NOT
-measure a pipelined ring with every node's engine copying at once, nor contention between hops.
+Ring mode has two forms. The driver allows one copy in flight per engine, so a pipelined ring
+is every node's engine sending its own hop at the same time:
+- pipelined (`node` set): this engine runs only the hop its node SENDS (node -> its successor in
+  the ring, through the window onto the successor), after waiting until `start_at` (epoch seconds,
+  one value the playbook gives every node). Each leg carries the epoch start and end of every
+  timed copy (`copies`, `started_at`, `ended_at`), so ring_overlap() can tell afterwards, from
+  every node's record, whether all hops really ran at once; a ring whose hops did not overlap is
+  reported as NOT pipelined and gets no ring figure.
+- sequential (`node` unset): every hop in the ring's order, one at a time on this engine, each a
+  relay through a local buffer (FROM a's window, then TO b's, times added). It measures each hop
+  as this engine drives it, not a pipelined ring, nor contention between hops.
+Dead nodes are left out of the order, given or planned.
 """
 
 from __future__ import annotations
@@ -51,6 +58,12 @@ DEFAULT_REPEATS = 5
 DEFAULT_TIMEOUT_MS = 5000
 GONE_ERRNOS = (errno.ENODEV, errno.ENOENT)
 SKIPPED_GONE = "skipped: engine gone"
+MAX_WAIT_S = 600          # the furthest start_at a pipelined ring hop waits for
+
+# Epoch clock and sleep of the pipelined ring's start and of every timed copy's span; tests
+# replace them (no real sleeping in tests).
+clock = time.time
+sleep = time.sleep
 
 
 class EngineGone(Exception):
@@ -129,6 +142,14 @@ class Buffer(object):
             pass
 
 
+def _spans_into(leg, spans):
+    """The epoch span of every timed copy of the leg, its first start and its last end."""
+    if spans:
+        leg["copies"] = [[round(a, 6), round(b, 6)] for a, b in spans]
+        leg["started_at"] = leg["copies"][0][0]
+        leg["ended_at"] = leg["copies"][-1][1]
+
+
 def verify(src, dst):
     landed = int(np.count_nonzero(dst.words == src.words))
     return landed, int(src.words.size) - landed
@@ -166,6 +187,8 @@ class Probe(object):
         self.rng = np.random.default_rng(seed)
         self.gone = False
         self.windows = []
+        self.clock = clock
+        self.spans = []
 
     def _ioctl(self, fn, *args, **kw):
         try:
@@ -185,6 +208,14 @@ class Probe(object):
 
     def counters(self):
         return dict(self._ioctl(self.dev.counters)._asdict())
+
+    def timed_copy(self, *args, **kw):
+        """copy() whose epoch span (start, end) is kept for the leg's `copies`."""
+        t0 = self.clock()
+        try:
+            return self.copy(*args, **kw)
+        finally:
+            self.spans.append((t0, self.clock()))
 
     def copy(self, buf, length, direction, kind, index=0, *, offset=0):
         """One logical copy, split into max_copy_bytes pieces: (status, bytes_done, elapsed_ns)."""
@@ -220,6 +251,7 @@ class Probe(object):
         src = Buffer(length)
         src.words[:] = self.rng.integers(0, 1 << 32, size=src.words.size, dtype=np.uint32)
         rates, walls = [], []
+        self.spans = []
         try:
             for _ in range(self.repeats):
                 t0 = time.monotonic()
@@ -246,6 +278,7 @@ class Probe(object):
             return out
         finally:
             src.close()
+            _spans_into(out, self.spans)
         out["mibps"] = round(statistics.median(rates), 1)
         out["wall_s"] = round(statistics.median(walls), 6)
         out["mibps_all"] = [round(r, 1) for r in rates]
@@ -257,7 +290,8 @@ class Probe(object):
         def timed(src):
             dst = self._fresh(src)
             # TARGET_USER: target_offset is the second buffer's address (the header's rule).
-            status, done, elapsed = self.copy(src, src.length, abi.DIR_TO_TARGET, abi.TARGET_USER, offset=dst.addr)
+            status, done, elapsed = self.timed_copy(src, src.length, abi.DIR_TO_TARGET, abi.TARGET_USER,
+                                                    offset=dst.addr)
             return status, done, elapsed, dst
         return self.leg("local", "local", self.nbytes, timed)
 
@@ -268,7 +302,7 @@ class Probe(object):
 
     def send_timed(self, index):
         def timed(src):
-            status, done, elapsed = self.copy(src, src.length, abi.DIR_TO_TARGET, abi.TARGET_WINDOW, index)
+            status, done, elapsed = self.timed_copy(src, src.length, abi.DIR_TO_TARGET, abi.TARGET_WINDOW, index)
             if status != 0 or done != src.length:
                 return status, done, elapsed, None
             rb_status, rb_done, dst = self._readback(src, index)
@@ -284,7 +318,7 @@ class Probe(object):
             if status != 0 or done != src.length:
                 return status, done, 0, None
             dst = self._fresh(src)
-            status, done, elapsed = self.copy(dst, src.length, abi.DIR_FROM_TARGET, abi.TARGET_WINDOW, index)
+            status, done, elapsed = self.timed_copy(dst, src.length, abi.DIR_FROM_TARGET, abi.TARGET_WINDOW, index)
             return status, done, elapsed, dst
         return timed
 
@@ -295,10 +329,10 @@ class Probe(object):
                 return status, done, 0, None
             mid = self._fresh(src)
             try:
-                status, done, e1 = self.copy(mid, src.length, abi.DIR_FROM_TARGET, abi.TARGET_WINDOW, a_index)
+                status, done, e1 = self.timed_copy(mid, src.length, abi.DIR_FROM_TARGET, abi.TARGET_WINDOW, a_index)
                 if status != 0 or done != src.length:
                     return status, done, e1, None
-                status, done, e2 = self.copy(mid, src.length, abi.DIR_TO_TARGET, abi.TARGET_WINDOW, b_index)
+                status, done, e2 = self.timed_copy(mid, src.length, abi.DIR_TO_TARGET, abi.TARGET_WINDOW, b_index)
             finally:
                 mid.close()
             if status != 0 or done != src.length:
@@ -340,13 +374,13 @@ def plan_legs(mode, windows, *, node=None, order=None):
         return legs
     order = list(order or [])
     for a, b in zip(order, order[1:] + order[:1], strict=True):
-        if a == node:
-            kind, idx = "send", (first.get(b),)
-        elif b == node:
-            kind, idx = "recv", (first.get(a),)
-        else:
-            kind, idx = "relay", (first.get(a), first.get(b))
-        legs.append(("node%d" % a, "node%d" % b, kind, idx))
+        if node is None:
+            # Sequential: every hop from this side, relayed through a local buffer.
+            legs.append(("node%d" % a, "node%d" % b, "relay", (first.get(a), first.get(b))))
+        elif a == node:
+            # Pipelined: only the hop this node sends, into its successor's window (none when
+            # this node is not in the ring).
+            legs.append(("node%d" % a, "node%d" % b, "send", (first.get(b),)))
     return legs
 
 
@@ -400,21 +434,161 @@ def run_legs(probe, legs, predicted=None):
 
 
 def ring_order(order=None, node_rates=None, dead=(), efficiency=vca_ring_plan.DEFAULT_EFFICIENCY):
-    """The given order, else the planner's; (order, plan or None)."""
+    """The given order less its dead nodes, else the planner's (which skips them); (order, plan or None)."""
     if order:
-        return [int(n) for n in order], None
+        given = [int(n) for n in order]
+        if len(set(given)) != len(given):
+            raise vca_ring_plan.PlanError("ring order %s names a node twice" % given)
+        dead = set(int(d) for d in dead)
+        live = [n for n in given if n not in dead]
+        if len(live) < 2:
+            raise vca_ring_plan.PlanError("a ring needs at least two live nodes, got %s" % live)
+        return live, None
     if not node_rates:
         raise vca_ring_plan.PlanError("ring mode needs an order or node_rates")
     plan = vca_ring_plan.plan_ring(node_rates, dead, efficiency)
     return plan["order"], plan
 
 
+def wait_until(start_at, *, max_wait_s=MAX_WAIT_S):
+    """Sleep (module attribute `sleep`) until the epoch `clock` reaches start_at; never sleeps
+    longer than max_wait_s in all (a start further away raises ValueError before any sleep).
+    {start_at, waited_s, late_s}: late_s > 0 when start_at had already passed."""
+    now = clock()
+    if start_at - now > max_wait_s:
+        raise ValueError("start_at is %.1f s away, more than %d s" % (start_at - now, max_wait_s))
+    t0 = now
+    while now < start_at:
+        sleep(start_at - now)
+        now = clock()
+    return {"start_at": start_at, "waited_s": round(now - t0, 6), "late_s": round(now - start_at, 6)}
+
+
+def _union(spans):
+    out = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def _intersect(xs, ys):
+    out, i, j = [], 0, 0
+    while i < len(xs) and j < len(ys):
+        a, b = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
+        if a < b:
+            out.append([a, b])
+        if xs[i][1] < ys[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def _hop_name(a, b):
+    return "%s->%s" % (a, b)
+
+
+def ring_hops(results):
+    """The pipelined ring's hops from every machine's module result ({host: result}):
+    (hops, orders, notes), notes saying why a machine has no pipelined ring record."""
+    hops, orders, notes = [], [], []
+    for host in sorted(results):
+        result = results[host] or {}
+        engines = [e for e in (result.get("record") or {}).get("engines") or [] if e.get("ring") == "pipelined"]
+        if not engines:
+            why = ("aborted (%s)" % result["aborted"]) if result.get("aborted") else result.get("msg")
+            notes.append("%s: %s" % (host, why or "no pipelined ring record"))
+        for eng in engines:
+            orders.append(tuple(eng.get("order") or ()))
+            if eng.get("ring_note"):
+                notes.append("%s: %s" % (host, eng["ring_note"]))
+            for leg in eng.get("legs") or []:
+                hops.append(dict(leg, host=host))
+    return hops, orders, notes
+
+
+def ring_overlap(results):
+    """Did every hop of one pipelined ring run at once, and the ring's figure if so.
+
+    results: {host: vca_dma result} of a ring run with `node` set on every node. The ring is
+    pipelined only if every hop of the order ran and was verified (a figure), the hops' spans
+    (first timed copy's start to last one's end) share a common interval, and there was an instant
+    when every hop's timed copy was in flight at once (all_in_flight_s > 0). Only then is
+    ring_mibps given: the bytes of the slowest hop (the least, if hops differ) over the longest hop's
+    copy time (bytes / its median MiB/s), i.e. the ring runs at its slowest hop. The times are each
+    machine's epoch clock: the check is only as good as their synchronisation (docs/DMA.md).
+    """
+    hops, orders, notes = ring_hops(results)
+    out = {"order": None, "hops": [], "missing": [], "common_span_s": None, "all_in_flight_s": 0.0,
+           "overlapped": False, "pipelined": False, "ring_mibps": None, "slowest_hop": None, "reason": None,
+           "notes": notes}
+    if not orders:
+        out["reason"] = "no pipelined ring ran"
+        return out
+    if len(set(orders)) != 1:
+        out["reason"] = "the machines disagree on the ring order: %s" % sorted(set(orders))
+        return out
+    order = list(orders[0])
+    out["order"] = order
+    expected = [_hop_name("node%d" % a, "node%d" % b) for a, b in zip(order, order[1:] + order[:1], strict=True)]
+    by_name = {}
+    for h in hops:
+        by_name.setdefault(_hop_name(h["from"], h["to"]), []).append(h)
+    for name in expected:
+        for h in by_name.get(name, []):
+            out["hops"].append({"hop": name, "host": h["host"], "bytes": h.get("bytes"), "mibps": h.get("mibps"),
+                                "predicted_mibps": h.get("predicted_mibps"), "reason": h.get("reason"),
+                                "started_at": h.get("started_at"), "ended_at": h.get("ended_at")})
+    out["missing"] = [name for name in expected if name not in by_name]
+    twice = sorted(name for name in expected if len(by_name.get(name, [])) > 1)
+    spans = [h for h in hops if h.get("started_at") is not None and _hop_name(h["from"], h["to"]) in expected]
+    if spans and len(spans) == len(out["hops"]):
+        out.update(_overlap(spans))
+    _verdict(out, twice)
+    return out
+
+
+def _overlap(spans):
+    """The legs' spans' common interval, and how long every leg's timed copy was in flight at once."""
+    common = min(h["ended_at"] for h in spans) - max(h["started_at"] for h in spans)
+    inflight = _union(spans[0].get("copies") or [])
+    for h in spans[1:]:
+        inflight = _intersect(inflight, _union(h.get("copies") or []))
+    return {"common_span_s": round(common, 6), "overlapped": common > 0,
+            "all_in_flight_s": round(sum(b - a for a, b in inflight), 6)}
+
+
+def _verdict(out, twice):
+    """pipelined, ring_mibps and slowest_hop, or the reason there are none."""
+    failed = [h for h in out["hops"] if h["mibps"] is None]
+    if out["missing"]:
+        out["reason"] = "hop(s) %s did not run" % ", ".join(out["missing"])
+    elif twice:
+        out["reason"] = "hop(s) %s ran more than once" % ", ".join(twice)
+    elif failed:
+        out["reason"] = "; ".join("%s gave no figure (%s)" % (h["hop"], h["reason"]) for h in failed)
+    elif not out["overlapped"]:
+        out["reason"] = "the hops did not overlap (common span %s s)" % out["common_span_s"]
+    elif out["all_in_flight_s"] <= 0:
+        out["reason"] = "the hops' spans overlap but no instant had every hop's timed copy in flight"
+    else:
+        slowest = max(out["hops"], key=lambda h: h["bytes"] / h["mibps"])
+        nbytes = min(h["bytes"] for h in out["hops"])
+        out["slowest_hop"] = slowest["hop"]
+        out["ring_mibps"] = round(nbytes / (slowest["bytes"] / slowest["mibps"]), 1)
+        out["pipelined"] = True
+
+
 def probe(dev, mode, *, nbytes=DEFAULT_BYTES, repeats=DEFAULT_REPEATS, timeout_ms=DEFAULT_TIMEOUT_MS, guard=None,
           node=None, order=None, node_rates=None, dead=(), efficiency=vca_ring_plan.DEFAULT_EFFICIENCY,
-          check_mode=False, seed=None):
+          check_mode=False, seed=None, start_at=None, max_wait_s=MAX_WAIT_S):
     """One run on one engine: {engine, windows, counters_before/after, plan, planned_legs, legs}.
     check_mode: INFO, WINDOW and COUNTERS only, never SUBMIT. A ThermalAbort propagates with .record
-    (aborted=thermal, no figure in it)."""
+    (aborted=thermal, no figure in it). Ring mode with `node` set runs that node's hop of a
+    pipelined ring, first waiting until `start_at` (epoch seconds) when given: rec['start']."""
     p = Probe(dev, nbytes=nbytes, repeats=repeats, timeout_ms=timeout_ms, guard=guard, seed=seed)
     info = dict(p.info._asdict())
     rec = {"engine": info, "mode": mode, "bytes_requested": nbytes, "bytes_per_copy_max": p.max_copy,
@@ -428,6 +602,10 @@ def probe(dev, mode, *, nbytes=DEFAULT_BYTES, repeats=DEFAULT_REPEATS, timeout_m
     if mode == "ring":
         ring, plan = ring_order(order, node_rates, dead, efficiency)
         rec["order"] = ring
+        rec["ring"] = "sequential" if node is None else "pipelined"
+        rec["skipped_dead"] = sorted(int(d) for d in dead)
+        if node is not None and node not in ring:
+            rec["ring_note"] = "node%d is not in the ring %s: no hop to send" % (node, ring)
     else:
         ring = None
     if plan:
@@ -439,6 +617,9 @@ def probe(dev, mode, *, nbytes=DEFAULT_BYTES, repeats=DEFAULT_REPEATS, timeout_m
     rec["counters_before"] = p.counters()
     if check_mode:
         return rec
+    if rec.get("ring") == "pipelined":
+        rec["start"] = wait_until(start_at, max_wait_s=max_wait_s) if start_at is not None else {
+            "start_at": None, "waited_s": 0.0, "late_s": None}
     try:
         rec["legs"] = run_legs(p, legs, predicted)
     except ThermalAbort as exc:

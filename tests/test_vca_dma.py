@@ -188,13 +188,18 @@ def test_engine_that_disappears_mid_matrix_skips_the_rest_and_keeps_earlier_figu
     assert rec["engine_gone"] is True and rec["counters_after"] is None
 
 
-def test_ring_follows_the_planners_order_and_relays_between_other_nodes():
-    eng = FakeEngine(windows=(*WINDOWS3[1:], (2, 64 * KIB)))
-    rec = probe(eng, "ring", node=0, node_rates=SEED, repeats=1)
-    assert rec["order"] == [0, 2, 1] and rec["plan"]["method"] == "exhaustive"
-    assert [(leg["from"], leg["to"], leg["kind"]) for leg in rec["legs"]] == [
-        ("node0", "node2", "send"), ("node2", "node1", "relay"), ("node1", "node0", "recv")]
+NODE_WINDOWS = ((-1, 64 * KIB), (0, 64 * KIB), (1, 64 * KIB), (2, 64 * KIB))
+
+
+def test_sequential_ring_without_node_relays_every_hop_in_the_planners_order():
+    eng = FakeEngine(windows=NODE_WINDOWS)
+    rec = probe(eng, "ring", node_rates=SEED, repeats=1)
+    assert rec["order"] == [0, 2, 1] and rec["plan"]["method"] == "exhaustive" and rec["ring"] == "sequential"
+    assert [(leg["from"], leg["to"], leg["kind"], leg["windows"]) for leg in rec["legs"]] == [
+        ("node0", "node2", "relay", [1, 3]), ("node2", "node1", "relay", [3, 2]),
+        ("node1", "node0", "relay", [2, 1])]
     assert all(leg["mibps"] is not None and leg["predicted_mibps"] for leg in rec["legs"])
+    assert "start" not in rec
 
 
 def test_thermal_abort_between_legs_leaves_no_figure():
@@ -215,13 +220,15 @@ def test_thermal_abort_between_legs_leaves_no_figure():
     assert rec["legs"][1]["reason"] == "skipped: thermal abort"
 
 
-def test_check_mode_submits_nothing():
-    eng = FakeEngine(windows=WINDOWS3)
-    rec = probe(eng, "ring", node=0, node_rates=SEED, check_mode=True)
-    assert eng.calls[abi.IOC_SUBMIT] == 0 and eng.calls[abi.IOC_WAIT] == 0
+def test_check_mode_submits_nothing_and_never_waits(fake_clock):
+    eng = FakeEngine(windows=NODE_WINDOWS)
+    rec = probe(eng, "ring", node_rates=SEED, check_mode=True)
     assert [(leg["from"], leg["to"]) for leg in rec["planned_legs"]] == [("node0", "node2"), ("node2", "node1"),
                                                                          ("node1", "node0")]
-    assert "legs" not in rec
+    rec = probe(eng, "ring", node=0, node_rates=SEED, check_mode=True, start_at=fake_clock.t + 30)
+    assert [(leg["from"], leg["to"]) for leg in rec["planned_legs"]] == [("node0", "node2")]
+    assert eng.calls[abi.IOC_SUBMIT] == 0 and eng.calls[abi.IOC_WAIT] == 0
+    assert "legs" not in rec and "start" not in rec and fake_clock.slept == []
 
 
 # ------------------------------------------------------------------------------- discovery, module
@@ -314,3 +321,185 @@ def test_module_refuses_a_length_that_is_not_words(fake_node, capsys):
     _, args = fake_node
     result = run_module("vca_dma", dict(args, bytes=6), capsys)
     assert result["failed"] and "multiple of 4" in result["msg"]
+
+
+# ----------------------------------------------------------------------------------- pipelined ring
+
+T0 = 1_800_000_000.0
+
+
+class FakeClock(object):
+    """Epoch clock for dma.clock / dma.sleep: every reading advances it by `tick`; sleep moves it."""
+
+    def __init__(self, t=T0, tick=0.001):
+        self.t, self.tick, self.slept = t, tick, []
+
+    def __call__(self):
+        self.t += self.tick
+        return self.t
+
+    def sleep(self, seconds):
+        assert seconds > 0
+        self.slept.append(seconds)
+        self.t += seconds
+
+
+@pytest.fixture
+def fake_clock(monkeypatch):
+    c = FakeClock()
+    monkeypatch.setattr(dma, "clock", c)
+    monkeypatch.setattr(dma, "sleep", c.sleep)
+    return c
+
+
+def ring_run(monkeypatch, nodes=(0, 1, 2), starts=None, start_at=T0 + 10, faults=None, **kw):
+    """Every node's pipelined ring hop, each on its own fake engine with its own fake clock (one
+    node after another here, so `starts` sets where each node's clock begins); {host: result}."""
+    results = {}
+    for n in nodes:
+        c = FakeClock((starts or {}).get(n, T0))
+        monkeypatch.setattr(dma, "clock", c)
+        monkeypatch.setattr(dma, "sleep", c.sleep)
+        eng = FakeEngine(windows=NODE_WINDOWS, fault=(faults or {}).get(n))
+        kw.setdefault("node_rates", SEED)
+        rec = probe(eng, "ring", node=n, start_at=start_at, **kw)
+        results["vca-node%d" % n] = {"changed": False, "record": {"engines": [dict(rec, path="/dev/vca_dma0")]}}
+    return results
+
+
+@pytest.mark.parametrize("node,hop,window", [(0, ("node0", "node2"), 3), (2, ("node2", "node1"), 2),
+                                             (1, ("node1", "node0"), 1)])
+def test_pipelined_ring_runs_only_the_hop_this_node_sends_in_the_planned_order(fake_clock, node, hop, window):
+    eng = FakeEngine(windows=NODE_WINDOWS)
+    rec = probe(eng, "ring", node=node, node_rates=SEED, repeats=2)
+    assert rec["ring"] == "pipelined" and rec["order"] == [0, 2, 1]
+    (leg,) = rec["legs"]
+    assert (leg["from"], leg["to"], leg["kind"], leg["windows"]) == (*hop, "send", [window])
+    assert leg["mibps"] is not None and leg["mismatched_words"] == 0 and leg["predicted_mibps"] > 0
+    assert rec["start"] == {"start_at": None, "waited_s": 0.0, "late_s": None} and fake_clock.slept == []
+
+
+def test_pipelined_ring_in_a_given_order_skips_the_dead_node(fake_clock):
+    rec = probe(FakeEngine(windows=NODE_WINDOWS), "ring", node=2, order=[1, 0, 2], dead=[0], repeats=1)
+    assert rec["order"] == [1, 2] and rec["skipped_dead"] == [0] and "plan" not in rec
+    assert [(leg["from"], leg["to"]) for leg in rec["legs"]] == [("node2", "node1")]
+    # The dead node's own engine (were it asked) has no hop to send.
+    eng = FakeEngine(windows=NODE_WINDOWS)
+    rec = probe(eng, "ring", node=0, order=[1, 0, 2], dead=[0])
+    assert rec["legs"] == [] and "not in the ring" in rec["ring_note"] and eng.calls[abi.IOC_SUBMIT] == 0
+
+
+def test_planned_ring_skips_the_dead_node():
+    results = {}
+    for n in (0, 1, 2):
+        rec = probe(FakeEngine(windows=NODE_WINDOWS), "ring", node=n, node_rates=SEED, dead=[1], repeats=1)
+        assert rec["order"] == [0, 2] and rec["plan"]["skipped_dead"] == [1]
+        results[n] = [(leg["from"], leg["to"]) for leg in rec["legs"]]
+    assert results == {0: [("node0", "node2")], 1: [], 2: [("node2", "node0")]}
+
+
+def test_a_given_order_naming_a_node_twice_is_refused():
+    with pytest.raises(dma.vca_ring_plan.PlanError, match="twice"):
+        dma.ring_order([0, 1, 0])
+    with pytest.raises(dma.vca_ring_plan.PlanError, match="two live nodes"):
+        dma.ring_order([0, 1], dead=[1])
+
+
+def test_wait_until_sleeps_to_start_at_and_reports_a_late_start(fake_clock):
+    got = dma.wait_until(T0 + 5)
+    assert fake_clock.t >= T0 + 5 and sum(fake_clock.slept) == pytest.approx(5, abs=0.01)
+    assert got["start_at"] == T0 + 5 and 0 <= got["late_s"] < 0.01 and got["waited_s"] == pytest.approx(5, abs=0.01)
+    fake_clock.slept.clear()
+    got = dma.wait_until(T0)                                   # already past: no sleep
+    assert fake_clock.slept == [] and got["late_s"] == pytest.approx(5, abs=0.01) and got["waited_s"] == 0
+    with pytest.raises(ValueError, match="more than 600 s"):
+        dma.wait_until(fake_clock.t + 601)
+    assert fake_clock.slept == []
+
+
+def test_pipelined_hop_starts_at_start_at_and_its_record_has_every_copys_span(fake_clock):
+    eng = FakeEngine(windows=NODE_WINDOWS)
+    rec = probe(eng, "ring", node=0, node_rates=SEED, repeats=3, start_at=T0 + 20)
+    assert rec["start"]["start_at"] == T0 + 20 and 0 <= rec["start"]["late_s"] < 0.01
+    (leg,) = rec["legs"]
+    assert len(leg["copies"]) == 3                      # one span per timed copy, not the readbacks
+    assert leg["started_at"] == leg["copies"][0][0] >= T0 + 20
+    assert leg["ended_at"] == leg["copies"][-1][1] > leg["started_at"]
+    assert all(a < b for a, b in leg["copies"])
+    json.dumps(rec)                                     # the record stays plain JSON
+
+
+def test_ring_overlap_of_hops_that_ran_together_gives_the_slowest_hops_figure(monkeypatch):
+    results = ring_run(monkeypatch, starts={0: T0, 1: T0 + 0.0005, 2: T0 + 0.001})
+    ring = dma.ring_overlap(results)
+    assert ring["order"] == [0, 2, 1] and [h["hop"] for h in ring["hops"]] == [
+        "node0->node2", "node2->node1", "node1->node0"]
+    assert ring["missing"] == [] and ring["overlapped"] and ring["all_in_flight_s"] > 0
+    assert ring["pipelined"] is True and ring["reason"] is None
+    slowest = min(ring["hops"], key=lambda h: h["mibps"])
+    assert ring["slowest_hop"] == slowest["hop"] and ring["ring_mibps"] == pytest.approx(slowest["mibps"], rel=1e-3)
+
+
+def test_ring_overlap_of_hops_one_after_another_is_not_pipelined_and_has_no_figure(monkeypatch):
+    results = ring_run(monkeypatch, starts={0: T0, 1: T0 + 100, 2: T0 + 200}, start_at=None)
+    ring = dma.ring_overlap(results)
+    assert ring["pipelined"] is False and ring["overlapped"] is False and ring["ring_mibps"] is None
+    assert ring["common_span_s"] < 0 and ring["reason"].startswith("the hops did not overlap")
+    assert all(h["mibps"] is not None for h in ring["hops"])     # each hop still has its own figure
+
+
+def test_ring_overlap_needs_every_hop_and_every_hop_verified(monkeypatch):
+    results = ring_run(monkeypatch, nodes=(0, 2))
+    results["vca-node1"] = {"changed": False, "aborted": "thermal", "msg": "91.0 C"}
+    ring = dma.ring_overlap(results)
+    assert ring["missing"] == ["node1->node0"] and ring["reason"] == "hop(s) node1->node0 did not run"
+    assert ring["pipelined"] is False and ring["ring_mibps"] is None
+    assert ring["notes"] == ["vca-node1: aborted (thermal)"]
+    ring = dma.ring_overlap(ring_run(monkeypatch, faults={2: lambda n, req: "flip" if n == 1 else None}))
+    assert ring["pipelined"] is False and ring["ring_mibps"] is None
+    assert ring["reason"] == "node2->node1 gave no figure (1 mismatched words)"
+
+
+def test_ring_overlap_spans_that_overlap_without_a_moment_all_in_flight_is_not_pipelined(monkeypatch):
+    results = ring_run(monkeypatch, repeats=2)
+    # Interleave by hand: hop A's copies at [0,1] and [4,5], hop B's at [2,3] and [6,7], C's at [0,7].
+    spans = {"vca-node0": [[0, 1], [4, 5]], "vca-node1": [[2, 3], [6, 7]], "vca-node2": [[0, 7]]}
+    for host, copies in spans.items():
+        leg = results[host]["record"]["engines"][0]["legs"][0]
+        leg["copies"] = [[T0 + a, T0 + b] for a, b in copies]
+        leg["started_at"], leg["ended_at"] = leg["copies"][0][0], leg["copies"][-1][1]
+    ring = dma.ring_overlap(results)
+    assert ring["overlapped"] is True and ring["common_span_s"] == pytest.approx(3)
+    assert ring["all_in_flight_s"] == 0 and ring["pipelined"] is False and ring["ring_mibps"] is None
+    assert "no instant" in ring["reason"]
+
+
+def test_ring_overlap_without_a_pipelined_run_or_with_disagreeing_orders(monkeypatch):
+    assert dma.ring_overlap({"vca-node0": {"unsupported": True, "msg": dma.UNSUPPORTED}})["reason"] == \
+        "no pipelined ring ran"
+    results = ring_run(monkeypatch)
+    results["vca-node1"]["record"]["engines"][0]["order"] = [0, 1, 2]
+    ring = dma.ring_overlap(results)
+    assert ring["pipelined"] is False and "disagree on the ring order" in ring["reason"]
+
+
+def test_module_start_at_is_checked_before_any_engine(fake_node, capsys, fake_clock):
+    eng, args = fake_node
+    result = run_module("vca_dma", dict(args, mode="matrix", start_at=T0 + 1), capsys)
+    assert result["failed"] and "ring mode with node set" in result["msg"]
+    result = run_module("vca_dma", dict(args, mode="ring", node=0, node_rates=SEED, start_at=fake_clock.t + 700),
+                        capsys)
+    assert result["failed"] and "more than 600 s" in result["msg"] and eng.calls[abi.IOC_INFO] == 0
+
+
+def test_module_runs_a_pipelined_hop_and_ring_overlap_reads_the_results(fake_node, capsys, fake_clock):
+    _, args = fake_node                                  # windows: host, node1, node2
+    result = run_module("vca_dma", dict(args, mode="ring", node=0, order=[0, 1], start_at=fake_clock.t + 3,
+                                        repeats=2), capsys)
+    assert result.get("failed") is not True, result.get("msg")
+    (engine,) = result["record"]["engines"]
+    assert engine["ring"] == "pipelined" and engine["start"]["late_s"] >= 0
+    (leg,) = engine["legs"]
+    assert (leg["from"], leg["to"], leg["windows"]) == ("node0", "node1", [1]) and leg["mibps"] is not None
+    ring = run_module("vca_dma", {"mode": "ring_overlap", "results": {"vca-node0": result}}, capsys)["ring"]
+    assert ring["missing"] == ["node1->node0"] and ring["pipelined"] is False and ring["ring_mibps"] is None
