@@ -125,3 +125,26 @@ def test_a_drained_worker_gets_nothing_and_comes_back():
         drain("vca-node0", "enabled")
     wait_for(lambda s: s["vca-node0"] == "UP", "node 0 returned")
     assert "vca-node0" in {worker for _, worker, _ in chat(9)}
+
+
+def test_capacity_bench_short_run_ends_with_the_lab_table(tmp_path):
+    env = f"VCA_LAB_NAME={LAB} ANSIBLE_CONFIG={PROJECT}/ansible.cfg ANSIBLE_NOCOLOR=1"
+    extra = {"capacity_duration_s": 3, "capacity_users": 2, "capacity_max_tokens": 8,
+             "capacity_transcode_frames": 10, "vca_bench_results_dir": str(tmp_path)}
+    LOCAL.check_output(f"cd {PROJECT} && {env} ansible-playbook -i {INVENTORY} playbooks/bench/capacity.yml"
+                       f" -e {shlex.quote(json.dumps(extra))}")
+    (run,) = list(tmp_path.glob("capacity-*"))
+    record = json.loads((run / "record.json").read_text())
+    legs = {leg["name"]: leg for leg in record["legs"]}
+    assert set(legs) == {"host", "card", "both"}, sorted(legs)
+    for leg in [*legs.values(), *record["scaling"]["legs"]]:
+        assert leg["platform"] == "lab" and leg["tok_s"] > 0 and leg["p95_ms"] >= leg["p50_ms"] > 0, leg
+    curve = record["scaling"]["curve"]
+    assert [point["nodes"] for point in curve] == [1, 2] and curve[0]["ratio"] == 1.0, curve
+    # the nodes' simulated RAPL counters give the card a tok/J; the lab host has none, so no figure
+    assert legs["card"]["tok_j"] > 0 and legs["host"]["tok_j"] is None and legs["both"]["tok_j"] is None
+    assert {leg["name"] for leg in record["transcode"]} == {"transcode-host", "transcode-card", "transcode-both"}
+    assert all(leg["fps"] > 0 for leg in record["transcode"]), record["transcode"]
+    table = (run / "table.md").read_text()
+    assert "(platform: lab)" in table and "| card alone (2 nodes) | lab |" in table
+    assert status() == {name: "UP" for name in WORKERS}      # every worker back in after the legs
