@@ -24,7 +24,10 @@ fi
 packages=$(grep -v '^\s*#' "$here/packages.txt" | grep -v '^\s*$' | sort | paste -sd, -)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-mmdebstrap --variant=apt --format=tar --include="$packages" \
+# force-unsafe-io (kept in the image's /etc/dpkg/dpkg.cfg.d/99mmdebstrap): lab and molecule
+# containers are thrown away, and dpkg's fsync per unpacked file doubled every role's package
+# install (kernel headers: 31 s with it, 14 s without). Never on a real machine.
+mmdebstrap --variant=apt --format=tar --include="$packages" --dpkgopt=force-unsafe-io \
     --customize-hook='rm -f "$1"/etc/machine-id; touch "$1"/etc/machine-id' \
     --customize-hook='rm -f "$1"/etc/ssh/ssh_host_*' \
     --customize-hook="copy-in $here/files/etc/systemd/system/ssh-hostkeys.service /etc/systemd/system" \
