@@ -9,9 +9,21 @@ Prints GFLOP/s per N with the ratios, and the shipped-kernel reproduction for
 the before/after figure. Every figure is verified against a float64 reference
 (on a sample of rows for large N); a figure that fails is printed as FAILED.
 
+Timing: ours (and the shipped kernel) by OpenCL profiling events, cuBLAS by CUDA
+events, at every N: kernels against kernels. The host's wall time per call (launch
+and wait included) is the second, labelled column ("wall"). OpenBLAS and CLBlast
+are timed by the host's wall clock (they have no device events here).
+
+The tiling is tuned once per size class (small, medium, large by sqrt(M*N);
+vca_autotune.size_class), each candidate scored by its worse figure over the
+class's tuning size and the size 128 above it, so a tiling that only suits one
+size does not win; each N or shape then runs its class's winner.
+
   bench/gemm_ratio.py                        # PoCL, N = 512 1024 2048 4096
-  bench/gemm_ratio.py --device NVIDIA --sizes 1024 2048 4096 8192 --json out.json
-  bench/gemm_ratio.py --sweep                # the cliff check: N = 256..4096 step 128
+  bench/gemm_ratio.py --device NVIDIA --json out.json      # N = 512 ... 8192
+  bench/gemm_ratio.py --sweep                # the cliff check: N = 256..4096 step 128, tuned per class
+  bench/gemm_ratio.py --shapes 4096x64x4096 97x33x65       # M x N x K, against OpenBLAS/cuBLAS
+  bench/gemm_ratio.py --variants '[{"TM": 128, ...}, ...]'  # fixed tilings side by side (levers)
 """
 
 from __future__ import annotations
@@ -37,25 +49,43 @@ KERNELS = ROOT / "roles" / "probes" / "files"
 SAMPLE_ROWS = 96
 
 
+# Seconds to wait after a float64 reference on a CPU OpenCL device: NumPy's OpenBLAS threads
+# spin for a while after a product, on the cores PoCL is about to be timed on.
+SETTLE_S = {"s": 0.0}
+
+
 def reference_for(a, b, rng):
     """Full float64 reference up to N = 2048; a row sample beyond (the check stays random-data)."""
     if a.shape[0] <= 2048:
-        return np.arange(a.shape[0]), vca_gemm.Reference(a, b)
-    rows = np.sort(rng.choice(a.shape[0], SAMPLE_ROWS, replace=False))
-    return rows, vca_gemm.Reference(a[rows], b)
+        rows, ref = np.arange(a.shape[0]), vca_gemm.Reference(a, b)
+    else:
+        rows = np.sort(rng.choice(a.shape[0], SAMPLE_ROWS, replace=False))
+        ref = vca_gemm.Reference(a[rows], b)
+    time.sleep(SETTLE_S["s"])
+    return rows, ref
 
 
 def timed(run, result, rows, ref, reps):
+    """(device median s or None, wall median s, verified, max error). run() returns its
+    device seconds (OpenCL or CUDA events) or None (host-only BLAS)."""
     run()
     check = ref.verify(np.asarray(result())[rows])
-    samples = []
+    samples, device = [], []
     for _ in range(reps):
         t0 = time.perf_counter()
-        run()
+        dev = run()
         samples.append(time.perf_counter() - t0)
+        if dev is not None:
+            device.append(dev)
     last = ref.verify(np.asarray(result())[rows])
     ok = check["passed"] and last["passed"]
-    return float(np.median(samples)), ok, max(check["max_rel_error"], last["max_rel_error"])
+    return (float(np.median(device)) if device else None, float(np.median(samples)), ok,
+            max(check["max_rel_error"], last["max_rel_error"]))
+
+
+def best_seconds(t):
+    """The figure's time: the device's where it has events, else the wall's."""
+    return t[0] if t[0] is not None else t[1]
 
 
 def find_device(want):
@@ -68,22 +98,33 @@ def find_device(want):
     sys.exit("no OpenCL device matching %r among: %s" % (want, ", ".join(d.name for _, _, d in devices)))
 
 
-def tune_ours(runner, n, budget, seed):
+def tune_ours(runner, cls, budget, seed):
+    """Tune for one size class: each candidate's score is its worse GFLOP/s of the class's
+    tuning size n and n + 128 (neighbouring sizes), every run verified."""
     device = runner.describe()
-    a, b = vca_gemm.random_operands(n, n, n, seed)
-    rows, ref = reference_for(a, b, np.random.default_rng(seed))
+    n = (vca_autotune.CPU_TUNE_N if runner.is_cpu() else vca_autotune.TUNE_N)[cls]
+    problems = []
+    for size in (n, n + 128):
+        a, b = vca_gemm.random_operands(size, size, size, seed + size)
+        rows, ref = reference_for(a, b, np.random.default_rng(seed + size))
+        problems.append((size, a, b, rows, ref))
     limits = {"max_work_group_size": device["max_work_group_size"], "local_mem_bytes": device["local_mem_bytes"]}
 
     def evaluate(params):
-        try:
-            run, result = runner.prepare(a, b, params)
-            t, ok, _ = timed(run, result, rows, ref, 2)
-        except Exception:  # a tiling the compiler or the device refuses is no candidate
-            return None
-        return vca_gemm.gflops(n, n, n, t) if ok else None
+        scores = []
+        for size, a, b, rows, ref in problems:
+            try:
+                run, result = runner.prepare(a, b, params)
+                t = timed(run, result, rows, ref, 2)
+            except Exception:  # a tiling the compiler or the device refuses is no candidate
+                return None
+            if not t[2]:
+                return None
+            scores.append(vca_gemm.gflops(size, size, size, best_seconds(t)))
+        return min(scores)
 
     tuner = vca_autotune.Tuner(evaluate, limits, n, budget=budget, seed=seed)
-    score, params = tuner.run(start=vca_autotune.START_PARAMS["cpu" if runner.is_cpu() else "gpu"])
+    score, params = tuner.run(start=vca_autotune.start_params(runner.is_cpu(), cls))
     return params, score, len(tuner.trials)
 
 
@@ -150,10 +191,22 @@ def run_cublas(a, b):
     torch.backends.cudnn.allow_tf32 = False
     ta, tb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
     out = {}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    sleep = getattr(torch.cuda, "_sleep", None)
 
     def run():
+        """One product; returns its CUDA-event seconds: the kernel's, as ours by OpenCL events.
+        A spin kernel first keeps the GPU busy while the host queues the start event, the
+        product and the end event, so the events do not count torch's launch latency
+        (an idle GPU reaches the start event before the product is even launched)."""
+        if sleep is not None:
+            sleep(200000)      # ~0.1 ms at 1.98 GHz
+        start.record()
         out["c"] = ta @ tb
-        torch.cuda.synchronize()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e-3
 
     return run, (lambda: out["c"].cpu().numpy())
 
@@ -167,18 +220,18 @@ def run_numpy(a, b):
     return run, (lambda: out["c"])
 
 
-def sweep(runner, params, seed, reps, *, first=256, last=4096, step=128):
-    """GFLOP/s of one tiling for every N in first..last: a size more than 25% below
-    the mean of its two neighbours is a cliff (the shipped kernel fell to 27 at
-    multiples of 384 on the P580)."""
+def sweep(runner, tiling_for, seed, reps, *, first=256, last=4096, step=128):
+    """GFLOP/s (device events) of each N's tiling (tiling_for(n)) for every N in first..last:
+    a size more than 25% below the mean of its two neighbours is a cliff (the shipped
+    kernel fell to 27 at multiples of 384 on the P580)."""
     figures = {}
 
     def measure_n(n):
         a, b = vca_gemm.random_operands(n, n, n, seed + n)
         rows, ref = reference_for(a, b, np.random.default_rng(n))
-        run, result = runner.prepare(a, b, params)
-        t, ok, _ = timed(run, result, rows, ref, reps)
-        return vca_gemm.gflops(n, n, n, t) if ok else None
+        run, result = runner.prepare(a, b, tiling_for(n))
+        t = timed(run, result, rows, ref, reps)
+        return vca_gemm.gflops(n, n, n, best_seconds(t)) if t[2] else None
 
     def find_cliffs():
         sizes = sorted(figures)
@@ -188,7 +241,8 @@ def sweep(runner, params, seed, reps, *, first=256, last=4096, step=128):
 
     for n in range(first, last + 1, step):
         figures[n] = measure_n(n)
-        print("  N=%5d %8.1f%s" % (n, figures[n] or 0, "" if figures[n] else " FAILED"), flush=True)
+        print("  N=%5d %8.1f%s  (%s)" % (n, figures[n] or 0, "" if figures[n] else " FAILED",
+                                         vca_autotune.size_class(n)), flush=True)
     # A shared machine's noise can fake a dip: a cliff must show again when the size and
     # its neighbours are measured a second time (each keeps its better figure).
     suspects = find_cliffs()
@@ -205,28 +259,59 @@ def figure(entry, key):
     return "%8.1f" % entry[key]["gflops"] if entry[key]["gflops"] else "  FAILED"
 
 
+def parse_shape(text):
+    m, n, k = (int(x) for x in text.lower().split("x"))
+    return m, n, k
+
+
+def json_arg(text):
+    """JSON on the command line, or @FILE for JSON in a file."""
+    return json.loads(Path(text[1:]).read_text() if text.startswith("@") else text)
+
+
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="Portable Computing Language", help="OpenCL device (name substring)")
-    ap.add_argument("--sizes", type=int, nargs="+")
+    ap.add_argument("--sizes", type=int, nargs="+", help="square N (default PoCL 512..4096, GPU 512..8192)")
+    ap.add_argument("--shapes", type=parse_shape, nargs="+", metavar="MxNxK", default=[],
+                    help="rectangular products, e.g. 4096x64x4096 (A is MxK, B is KxN)")
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--budget", type=int, default=60, help="autotuning trials per N")
+    ap.add_argument("--budget", type=int, default=60, help="autotuning trials per size class")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-clblast-tune", action="store_true", help="CLBlast with its stock parameters")
+    ap.add_argument("--no-clblast", action="store_true", help="leave CLBlast out (PoCL)")
+    ap.add_argument("--no-shipped", action="store_true", help="leave the shipped-kernel reproduction out")
     ap.add_argument("--json", help="write every figure here too")
-    ap.add_argument("--sweep", action="store_true", help="tune once at 4096, then check N = 256..4096 for cliffs")
+    ap.add_argument("--sweep", action="store_true", help="tune per class, then check N = 256..4096 for cliffs")
     ap.add_argument("--clblast-tuning", nargs="+", metavar="JSON",
                     help="result files of an earlier clblast_tuner_xgemm run on this device: its best, not a new run")
-    ap.add_argument("--params", type=json.loads, help='a fixed tiling instead of tuning, e.g. \'{"TM": 128, ...}\'')
+    ap.add_argument("--params", type=json_arg, help='a fixed tiling instead of tuning, e.g. \'{"TM": 128, ...}\'')
+    ap.add_argument("--tilings", metavar="JSON",
+                    help="an earlier run's --json output: its tuned tilings per class, not a new search")
+    ap.add_argument("--variants", type=json_arg,
+                    help="a JSON list (or @FILE) of fixed tilings, each run at every size (no tuning or baselines)")
     return ap.parse_args()
 
 
-def ours_tiling(args, runner, n):
-    """The fixed --params, or the tuner's winner at n: (params, trials)."""
-    if args.params:
-        return args.params, 0
-    params, _, trials = tune_ours(runner, n, args.budget, args.seed)
-    return params, trials
+class Tilings(object):
+    """The fixed --params, or each size class's tuned winner (tuned once per class in a run)."""
+
+    def __init__(self, args, runner):
+        self.args, self.runner, self.won = args, runner, {}
+        if args.tilings:
+            self.won = dict(json.loads(Path(args.tilings).read_text())["tilings"])
+
+    def __call__(self, m, n=None):
+        if self.args.params:
+            return self.args.params
+        cls = vca_autotune.size_class(m, n)
+        if cls not in self.won:
+            t0 = time.perf_counter()
+            params, score, trials = tune_ours(self.runner, cls, self.args.budget, self.args.seed)
+            self.won[cls] = params
+            print("tuned %s: %s, %.1f GFLOP/s (worse of the two tuning sizes) after %d trials, %.0f s"
+                  % (cls, params, score or 0, trials, time.perf_counter() - t0), flush=True)
+        return self.won[cls]
 
 
 def clblast_params(args, pi, di, n, workdir):
@@ -236,6 +321,49 @@ def clblast_params(args, pi, di, n, workdir):
     return None if args.no_clblast_tune else clblast_tuned(pi, di, min(n, 1024), workdir)
 
 
+def measure_contenders(contenders, shape, check, reps):
+    m, n, k = shape
+    rows, ref = check
+    entry = {}
+    for name, (run, result) in contenders.items():
+        t = timed(run, result, rows, ref, reps)
+        entry[name] = {"gflops": vca_gemm.gflops(m, n, k, best_seconds(t)) if t[2] else None,
+                       "clock": "device events" if t[0] is not None else "host wall",
+                       "wall_gflops": vca_gemm.gflops(m, n, k, t[1]) if t[2] else None,
+                       "max_rel_error": t[3]}
+    return entry
+
+
+def print_entry(label, entry, params):
+    base = [k for k in ("clblast", "openblas", "cublas") if k in entry]
+    ratios = "  ".join("ours/%s %.2f" % (k, entry["ours"]["gflops"] / entry[k]["gflops"])
+                       for k in base if entry["ours"]["gflops"] and entry[k]["gflops"])
+    walls = "  ".join("%s %.1f" % (k, entry[k]["wall_gflops"] or 0) for k in ["ours", *base])
+    print("%s  ours %s  %s  %s  | wall: %s | params %s" % (
+        label, figure(entry, "ours"),
+        "  ".join("%s %s" % (k, figure(entry, k)) for k in base + (["shipped"] if "shipped" in entry else [])),
+        ratios, walls, params), flush=True)
+
+
+def variants(args, runner, sizes):
+    """Each fixed tiling of --variants at each size, event-timed: the levers side by side."""
+    out = []
+    for n in sizes:
+        a, b = vca_gemm.random_operands(n, n, n, args.seed + n)
+        rows, ref = reference_for(a, b, np.random.default_rng(n))
+        for params in args.variants:
+            try:
+                t = timed(*runner.prepare(a, b, params), rows, ref, args.reps)
+                g = vca_gemm.gflops(n, n, n, best_seconds(t)) if t[2] else None
+            except Exception as exc:  # a variant the device refuses
+                g = None
+                print("  (%s: %s)" % (params, str(exc).splitlines()[0] if str(exc) else exc))
+            out.append({"n": n, "params": params, "gflops": g})
+            print("N=%5d  %8.1f%s  %s" % (n, g or 0, "" if g else " FAILED", params), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": runner.describe(), "variants": out}, indent=1))
+
+
 def main():
     args = parse_args()
 
@@ -243,46 +371,47 @@ def main():
     runner = vca_gemm.OpenCLRunner(device, (KERNELS / "sgemm.cl").read_text(),
                                    (KERNELS / "sgemm_shipped.cl").read_text())
     is_cpu = runner.is_cpu()
-    sizes = args.sizes or ([512, 1024, 2048, 4096] if is_cpu else [1024, 2048, 4096, 8192])
+    SETTLE_S["s"] = 0.5 if is_cpu else 0.0
+    sizes = args.sizes or ([512, 1024, 2048, 4096] if is_cpu else [512, 1024, 2048, 4096, 8192])
     print("device: %(name)s | %(platform)s | driver %(driver)s | %(compute_units)d CUs" % runner.describe())
+    print("timing: ours by OpenCL profiling events; %s; 'wall' = host wall time per call" %
+          ("OpenBLAS and CLBlast by the host's wall clock" if is_cpu else "cuBLAS by CUDA events"))
+    tilings = Tilings(args, runner)
+    if args.variants:
+        variants(args, runner, sizes)
+        return
     if args.sweep:
-        params, trials = ours_tiling(args, runner, 2048 if is_cpu else 4096)
-        print("tiling after %d trials: %s" % (trials, params))
-        figures, cliffs = sweep(runner, params, args.seed, args.reps)
+        figures, cliffs = sweep(runner, tilings, args.seed, args.reps)
         if args.json:
-            Path(args.json).write_text(json.dumps({"device": runner.describe(), "params": params,
-                                                   "sweep": figures, "cliffs": cliffs}, indent=1))
+            Path(args.json).write_text(json.dumps({"device": runner.describe(), "tilings": tilings.won,
+                                                   "params": args.params, "sweep": figures, "cliffs": cliffs},
+                                                  indent=1))
         return
     rows_out = []
     workdir = tempfile.mkdtemp(prefix="clblast-tune-")
-    for n in sizes:
-        a, b = vca_gemm.random_operands(n, n, n, args.seed + n)
-        rows, ref = reference_for(a, b, np.random.default_rng(n))
-        entry = {"n": n}
-        params, trials = ours_tiling(args, runner, min(n, 2048 if is_cpu else 4096))
-        entry["ours_params"], entry["ours_trials"] = params, trials
+    problems = [(n, n, n) for n in sizes] + list(args.shapes)
+    for m, n, k in problems:
+        square = m == n == k
+        a, b = vca_gemm.random_operands(m, n, k, args.seed + m + 3 * n + 7 * k)
+        rows, ref = reference_for(a, b, np.random.default_rng(m + n + k))
+        params = tilings(m, n)
         contenders = {"ours": runner.prepare(a, b, params)}
-        if n <= (2048 if is_cpu else 4096):   # on PoCL one shipped run at 4096 takes minutes
+        if square and not args.no_shipped and n <= (2048 if is_cpu else 4096):   # PoCL: minutes at 4096
             contenders["shipped"] = runner.prepare_shipped(a, b)
         if is_cpu:
-            cl_params = clblast_params(args, pi, di, n, workdir)
-            entry["clblast_params"] = cl_params
-            contenders["clblast"] = run_clblast(runner.queue, a, b, cl_params, device)
+            if not args.no_clblast:
+                cl_params = clblast_params(args, pi, di, max(m, n, k), workdir)
+                contenders["clblast"] = run_clblast(runner.queue, a, b, cl_params, device)
             contenders["openblas"] = run_numpy(a, b)
         else:
             contenders["cublas"] = run_cublas(a, b)
-        for name, (run, result) in contenders.items():
-            t, ok, err = timed(run, result, rows, ref, args.reps)
-            entry[name] = {"gflops": vca_gemm.gflops(n, n, n, t) if ok else None, "max_rel_error": err}
+        entry = {"m": m, "n": n, "k": k, "size_class": vca_autotune.size_class(m, n), "ours_params": params}
+        entry.update(measure_contenders(contenders, (m, n, k), (rows, ref), args.reps))
         rows_out.append(entry)
-        base = [k for k in ("clblast", "openblas", "cublas") if k in entry]
-        ratios = "  ".join("ours/%s %.2f" % (k, entry["ours"]["gflops"] / entry[k]["gflops"])
-                           for k in base if entry["ours"]["gflops"] and entry[k]["gflops"])
-        print("N=%5d  ours %s  %s  %s  %s" % (n, figure(entry, "ours"),
-              "  ".join("%s %s" % (k, figure(entry, k)) for k in base + (["shipped"] if "shipped" in entry else [])),
-              ratios, "params %s" % params), flush=True)
+        print_entry("N=%5d" % n if square else "%dx%dx%d" % (m, n, k), entry, params)
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": runner.describe(), "results": rows_out}, indent=1))
+        Path(args.json).write_text(json.dumps({"device": runner.describe(), "tilings": tilings.won,
+                                               "results": rows_out}, indent=1))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,12 @@ description:
     reported with C(platform=unknown), never as hardware figures.
   - OpenCL tiling comes from O(params), else the tuning cache, else an autotuning
     search (random sampling plus local refinement, every candidate verified) whose
-    winner is cached per device, driver and N class.
+    winner is cached per device, driver and size class (C(small) up to sqrt(M*N) = 768,
+    C(medium) up to 1536, C(large) beyond); each size class in O(sizes) and O(shapes) is
+    tuned and cached on its own.
+  - OpenCL figures are timed by the kernels' own profiling events (C(timing.clock) is
+    C(device events)); the host's wall time per run stays beside them (C(timing.wall_median_s)).
+    The CPU SGEMM is timed by the host's wall clock (C(host wall)).
   - Never changes the managed system (the tuning cache is the probe's own state).
 options:
   backend:
@@ -32,10 +37,25 @@ options:
     description: OpenCL device whose name contains this string; default the first GPU, else the first device.
     type: str
   sizes:
-    description: Square sizes N to measure.
+    description:
+      - Square sizes N to measure (M = N = K). Default C([1024]) when O(shapes) is not given
+        either; with O(shapes) alone, none.
     type: list
     elements: int
-    default: [1024]
+  shapes:
+    description:
+      - Rectangular products to measure besides O(sizes), each C([M, N, K]) or the string
+        C(MxNxK) (A is MxK, B is KxN, C is MxN), for example C(4096x64x4096) (tall-skinny, as in
+        LLM inference) or C(97x33x65). Each is verified against the float64 reference like a
+        square size.
+      - Sides that are not multiples of the tiling's tiles are padded with zeros to the tiles,
+        run, and cut back; the padding is part of the timed run's work but not of its FLOP count
+        (GFLOP/s = 2MNK / time).
+      - The tiling is chosen per size class of the output, C(small), C(medium) or C(large) by
+        sqrt(M*N), so a 4096x64 output runs the small class's tiles.
+    type: list
+    elements: raw
+    default: []
   repetitions:
     description: Timed runs per size (at least 5).
     type: int
@@ -61,7 +81,7 @@ options:
     type: int
     default: 60
   tune_size:
-    description: N used while tuning (default the largest size, at most 1024).
+    description: N used while tuning each size class (default the class's largest side sqrt(M*N), at most 1024).
     type: int
   build_options:
     description: Extra OpenCL compiler options.
@@ -114,12 +134,28 @@ EXAMPLES = r"""
 
 RETURN = r"""
 record:
-  description: device, backend, kernel, params, platform (lab|hardware|unknown) and the
-    platform_evidence it rests on, tuning, thermal guard (limit, max seen, sensor, allow_no_sensor),
-    and per size the GFLOP/s, timing (median, spread, cpu_per_wall, noisy) and verification
-    (max_rel_error, wrong elements, tolerance).
+  description:
+    - device, backend, kernel, platform (lab|hardware|unknown) and the platform_evidence it
+      rests on, thermal guard (limit, max seen, sensor, allow_no_sensor).
+    - C(tilings), per size class used, the C(params) and C(tuning) (source given, cache,
+      default or tuned); C(params) and C(tuning) alone are those of the largest product's class.
+    - C(results), one per entry of O(sizes) then O(shapes), each with C(m), C(n), C(k),
+      C(shape) (C(MxNxK)), C(size_class), C(gflops), C(timing) (clock, median, spread,
+      wall_median_s, cpu_per_wall, noisy) and C(verification) (max_rel_error, wrong elements,
+      tolerance).
   returned: unless the probe failed
   type: dict
+  contains:
+    results:
+      description: One entry per square size, then per shape, in the order given.
+      type: list
+      elements: dict
+      sample: [{"m": 4096, "n": 64, "k": 4096, "shape": "4096x64x4096", "size_class": "small",
+                "gflops": 11030.4, "timing": {"clock": "device events"}}]
+    tilings:
+      description: Per size class, the tiling used and where it came from.
+      type: dict
+      sample: {"small": {"params": {"TM": 32, "TN": 32}, "tuning": {"source": "tuned"}}}
 aborted:
   description: C(thermal) when the thermal guard stopped the probe; then no figure is returned.
   returned: when aborted
@@ -129,7 +165,7 @@ aborted:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.vca_autotune import START_PARAMS, Tuner, cache_key, load_cache, store_cache
+from ansible.module_utils.vca_autotune import Tuner, class_key, load_cache, size_class, start_params, store_cache
 from ansible.module_utils.vca_gemm import (
     CPURunner,
     OpenCLRunner,
@@ -144,7 +180,7 @@ from ansible.module_utils.vca_sysfs import Sysfs
 from ansible.module_utils.vca_thermal import NoThermalSensor, ThermalAbort, ThermalGuard
 
 PARAM_KEYS = ("TM", "TN", "TK", "WPTM", "WPTN", "VW", "LMEM", "KBARRIER")
-OPTIONAL_PARAM_KEYS = ("PF", "PACK")   # the kernel defaults them to 0
+OPTIONAL_PARAM_KEYS = ("PF", "PACK", "DB", "APAD")   # the kernel's defaults: 0, 0, 0, 4
 
 
 def pick_device(module, want):
@@ -159,24 +195,31 @@ def pick_device(module, want):
     return (gpus or devices)[0]
 
 
-def tiling(module, runner, n_max, guard):
+def given_params(module):
+    """O(params), checked: every macro the kernel needs, none it does not know."""
+    p = module.params
+    missing = [k for k in PARAM_KEYS if k not in p["params"]]
+    unknown = sorted(set(p["params"]) - set(PARAM_KEYS) - set(OPTIONAL_PARAM_KEYS))
+    if missing or unknown:
+        module.fail_json(msg="; ".join(["params lacks %s" % ", ".join(missing)] * bool(missing)
+                                       + ["params has unknown %s" % ", ".join(unknown)] * bool(unknown)))
+    return dict((k, int(v)) for k, v in p["params"].items())
+
+
+def tiling(module, runner, cls, side, guard):
+    """The tiling for one size class: (params, tuning record). side: the class's largest sqrt(M*N)."""
     p = module.params
     if p["params"]:
-        missing = [k for k in PARAM_KEYS if k not in p["params"]]
-        unknown = sorted(set(p["params"]) - set(PARAM_KEYS) - set(OPTIONAL_PARAM_KEYS))
-        if missing or unknown:
-            module.fail_json(msg="; ".join(["params lacks %s" % ", ".join(missing)] * bool(missing)
-                                           + ["params has unknown %s" % ", ".join(unknown)] * bool(unknown)))
-        return dict((k, int(v)) for k, v in p["params"].items()), {"source": "given"}
+        return given_params(module), {"source": "given"}
     device = runner.describe()
-    key = cache_key(device, n_max)
+    key = class_key(device, cls)
     cached = load_cache(p["cache_path"]).get(key)
     if cached:
         return cached["params"], {"source": "cache", "key": key, "gflops_when_tuned": cached.get("gflops")}
-    start = START_PARAMS["cpu" if runner.is_cpu() else "gpu"]
+    start = start_params(runner.is_cpu(), cls)
     if not p["tune"]:
         return start, {"source": "default"}
-    n = p["tune_size"] or min(n_max, 1024)
+    n = p["tune_size"] or min(side, 1024)
     a, b = random_operands(n, n, n, p["seed"] + 1)
     ref = Reference(a, b)
     limits = {"max_work_group_size": device["max_work_group_size"], "local_mem_bytes": device["local_mem_bytes"]}
@@ -204,6 +247,25 @@ def tiling(module, runner, n_max, guard):
                   "verified_candidates": sum(1 for _, s in tuner.trials if s is not None), "gflops_at_tune_size": score}
 
 
+def problems(module):
+    """(M, N, K) for every square size, then every shape; fails on a malformed or non-positive one."""
+    p = module.params
+    sizes = p["sizes"] if p["sizes"] is not None else ([] if p["shapes"] else [1024])
+    out = [(n, n, n) for n in sizes]
+    for shape in p["shapes"]:
+        try:
+            dims = [int(x) for x in (shape.lower().split("x") if isinstance(shape, str) else shape)]
+        except (TypeError, ValueError, AttributeError):
+            dims = []
+        if len(dims) != 3:
+            module.fail_json(msg="a shape is [M, N, K] or 'MxNxK', got %r" % (shape,))
+        out.append(tuple(dims))
+    if not out or min(min(d) for d in out) < 1:
+        module.fail_json(msg="sizes and shapes must be positive and not both empty, got sizes %s, shapes %s"
+                         % (p["sizes"], p["shapes"]))
+    return out
+
+
 def make_runner(module):
     """The runner for the chosen backend, and the threads a CPU-bound run should keep busy."""
     p = module.params
@@ -228,7 +290,8 @@ def main():
         argument_spec=dict(
             backend=dict(type="str", required=True, choices=["opencl", "cpu"]),
             device=dict(type="str"),
-            sizes=dict(type="list", elements="int", default=[1024]),
+            sizes=dict(type="list", elements="int"),
+            shapes=dict(type="list", elements="raw", default=[]),
             repetitions=dict(type="int", default=5),
             sustain_seconds=dict(type="float", default=0),
             kernel=dict(type="str", default="tuned", choices=["tuned", "shipped"]),
@@ -250,8 +313,7 @@ def main():
     p = module.params
     if p["repetitions"] < 5:
         module.fail_json(msg="repetitions must be at least 5 (the figure is a median), got %d" % p["repetitions"])
-    if not p["sizes"] or min(p["sizes"]) < 1:
-        module.fail_json(msg="sizes must be positive, got %s" % p["sizes"])
+    todo = problems(module)
 
     runner, threads = make_runner(module)
     evidence = platform_evidence(Sysfs(p["sysfs_root"]))
@@ -263,18 +325,31 @@ def main():
     try:
         with guard:
             if p["backend"] == "opencl" and p["kernel"] == "tuned":
-                record["params"], record["tuning"] = tiling(module, runner, max(p["sizes"]), guard)
-            for n in p["sizes"]:
-                a, b = random_operands(n, n, n, p["seed"])
+                record["tilings"] = {}
+                sides = {}
+                for m, n, _ in todo:
+                    cls = size_class(m, n)
+                    sides[cls] = max(sides.get(cls, 0), round((m * n) ** 0.5))
+                for cls, side in sides.items():
+                    params, tuning = tiling(module, runner, cls, side, guard)
+                    record["tilings"][cls] = {"params": params, "tuning": tuning}
+                largest = max(todo, key=lambda d: d[0] * d[1] * d[2])
+                record["params"] = record["tilings"][size_class(largest[0], largest[1])]["params"]
+                record["tuning"] = record["tilings"][size_class(largest[0], largest[1])]["tuning"]
+            for m, n, k in todo:
+                a, b = random_operands(m, n, k, p["seed"])
+                cls = size_class(m, n)
                 if p["backend"] == "cpu":
                     run, result = runner.prepare(a, b)
                 elif p["kernel"] == "shipped":
                     run, result = runner.prepare_shipped(a, b)
                 else:
-                    run, result = runner.prepare(a, b, record["params"], p["build_options"])
+                    run, result = runner.prepare(a, b, record["tilings"][cls]["params"], p["build_options"])
                 verification, timing = measure(run, result, Reference(a, b), p["repetitions"], guard=guard,
                                                expected_threads=threads, sustain_s=p["sustain_seconds"])
-                record["results"].append({"n": n, "gflops": round(gflops(n, n, n, timing["median_s"]), 2),
+                record["results"].append({"m": m, "n": n, "k": k, "shape": "%dx%dx%d" % (m, n, k),
+                                          "size_class": cls,
+                                          "gflops": round(gflops(m, n, k, timing["median_s"]), 2),
                                           "timing": timing, "verification": verification})
     except ThermalAbort as exc:
         module.exit_json(changed=False, aborted="thermal", temperature_c=exc.temperature_c, limit_c=exc.limit_c,

@@ -5,7 +5,7 @@ Good settings are rare (on PoCL about 1 in 500 reaches 80% of the best), so
 the search samples the pruned space at random, then refines the best
 neighbour by neighbour, within a trial budget. A candidate whose result does
 not match the reference never wins. The winner is cached per device name,
-driver version and N class, so the next run skips the search.
+driver version and size class, so the next run skips the search.
 """
 
 from __future__ import annotations
@@ -25,22 +25,53 @@ SPACE = {
     "WPTM": [1, 2, 4, 6, 8, 16],
     "WPTN": [1, 2, 4, 8, 16, 32, 48, 64],
     "VW": [1, 2, 4, 8, 16],
-    "LMEM": [0, 1],
+    "LMEM": [0, 1, 2],
     "KBARRIER": [0, 1],
     "PF": [0, 1],
     "PACK": [0, 1],
+    "DB": [0, 1],
+    "APAD": [4, 0],
 }
 MAX_OUTPUTS_PER_ITEM = 256
 # Where the search starts, and what runs when tuning is off and nothing is cached:
 # CPU OpenCL wants wide vectors, no local memory, packed panels and no K-chunk
 # barrier (160-190 GFLOP/s at N=2048 on 2 AVX-512 cores with the register block
 # unrolled; 20 unpacked); GPUs the 128x128 tile with
-# 8x8 per work-item and the next K chunk prefetched into registers, which
-# measured best on the H200 (34.4 TFLOP/s, 0.68x cuBLAS at N=8192; 0.55x without PF).
+# 8x8 per work-item and the next K chunk prefetched into registers (34.4 TFLOP/s,
+# 0.68x cuBLAS at N=8192 on the H200). GPU_CLASS_START below (LMEM=2) replaced it.
 START_PARAMS = {
     "cpu": dict(TM=48, TN=64, TK=32, WPTM=6, WPTN=32, VW=16, LMEM=0, KBARRIER=0, PF=0, PACK=1),
     "gpu": dict(TM=128, TN=128, TK=8, WPTM=8, WPTN=8, VW=1, LMEM=1, KBARRIER=0, PF=1, PACK=0),
-}   # register pressure: beyond this every device spills
+}
+# Per size class on GPUs (LMEM=2: float4 loads, double-buffered local memory, split
+# register block): smaller tiles for small products, so that more work-groups than
+# compute units exist (N=512 in 128x128 tiles is 16 work-groups for the H200's 132 SMs).
+GPU_CLASS_START = {   # the H200's tuned winners (bench/README.md), DB=0 APAD=4 by default
+    "small": dict(TM=32, TN=32, TK=16, WPTM=4, WPTN=4, VW=1, LMEM=2, KBARRIER=0, PF=0, PACK=0),
+    "medium": dict(TM=64, TN=64, TK=16, WPTM=8, WPTN=4, VW=1, LMEM=2, KBARRIER=0, PF=0, PACK=0),
+    "large": dict(TM=128, TN=128, TK=8, WPTM=8, WPTN=8, VW=1, LMEM=2, KBARRIER=0, PF=0, PACK=0),
+}
+# Size classes by the output's side, sqrt(M*N) (a 4096x64 output is "small": few tiles),
+# and the side each class is tuned at (CPU OpenCL tunes "large" at 2048: PoCL is slow).
+# "medium" ends at 1536: on the H200 the large class's tiles already win at 2048 (46 TFLOP/s
+# for 128x128 against 36-37 for the medium class's 64x64 and 64x128).
+SIZE_CLASSES = (("small", 768), ("medium", 1536), ("large", None))
+TUNE_N = {"small": 512, "medium": 1024, "large": 4096}
+CPU_TUNE_N = {"small": 512, "medium": 1024, "large": 2048}
+
+
+def size_class(m, n=None):
+    """small, medium or large, by sqrt(M*N) (N = M when only one side is given)."""
+    side = (m * (m if n is None else n)) ** 0.5
+    for name, upper in SIZE_CLASSES:
+        if upper is None or side <= upper:
+            return name
+    raise AssertionError("unreachable")
+
+
+def start_params(is_cpu, cls="large"):
+    """Where the search starts, and what runs untuned, for a CPU or GPU device and a class."""
+    return dict(START_PARAMS["cpu"]) if is_cpu else dict(GPU_CLASS_START[cls])
 
 
 def valid(p, limits, n):
@@ -52,25 +83,34 @@ def valid(p, limits, n):
         1 <= items <= limits["max_work_group_size"],
         p["WPTM"] * p["WPTN"] <= MAX_OUTPUTS_PER_ITEM,
     ]
-    if p["LMEM"]:
+    if p["LMEM"] == 2:
+        nt = max(items, 1)      # 0 only where a rule above already fails
+        rules += [
+            p["WPTM"] % 4 == 0 and p["WPTN"] % 4 == 0 and p["TK"] % 4 == 0 and p["TN"] % 4 == 0,
+            p["VW"] == 1 and not p["KBARRIER"] and not p.get("PACK", 0) and not p.get("PF", 0),
+            (p["TM"] * p["TK"] // 4) % nt == 0 and (p["TK"] * p["TN"] // 4) % nt == 0,
+            # double-buffered chunks, A's rows padded by 4 floats
+            8 * p["TK"] * (p["TM"] + 4 + p["TN"]) <= limits["local_mem_bytes"],
+        ]
+    elif p["LMEM"]:
         # the local-memory path always synchronises; both chunks (A's padded) must fit
         rules.append(not p["KBARRIER"])
         rules.append(4 * p["TK"] * (p["TM"] + 1 + p["TN"]) <= limits["local_mem_bytes"])
         rules.append(not p.get("PACK", 0))  # packed panels only exist on the direct path
     else:
         rules.append(not p.get("PF", 0))   # register prefetch only exists on the local-memory path
+    if p["LMEM"] != 2:                     # DB and APAD only exist on LMEM 2: one point, not four
+        rules.append(not p.get("DB", 0) and p.get("APAD", 4) == 4)
     return all(rules)
 
 
-def n_class(n):
-    c = 256
-    while c < n:
-        c *= 2
-    return "n%d" % c
+def class_key(device, cls):
+    return "%s|%s|%s" % (device["name"], device["driver"], cls)
 
 
-def cache_key(device, n):
-    return "%s|%s|%s" % (device["name"], device["driver"], n_class(n))
+def cache_key(device, n, m=None):
+    """Winners are cached per device, driver and size class (of an M x N output; square if m is None)."""
+    return class_key(device, size_class(n, m))
 
 
 class Tuner(object):

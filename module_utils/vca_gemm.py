@@ -61,16 +61,23 @@ class Reference(object):
         }
 
 
-def timing(samples_s, cpu_s, wall_s, expected_threads):
-    """Median and spread of the timed runs; CPU time against wall time to flag a noisy host."""
-    med = statistics.median(samples_s)
+def timing(samples_s, cpu_s, wall_s, expected_threads, device_samples_s=None):
+    """Median and spread of the timed runs; CPU time against wall time to flag a noisy host.
+
+    With device_samples_s (OpenCL profiling events, start of the first kernel to the end of
+    the last), the median is the device's and clock says so; the host's wall time per run
+    (launch and wait included) stays beside it as wall_median_s."""
+    primary = list(device_samples_s) if device_samples_s else list(samples_s)
+    med = statistics.median(primary)
     ratio = cpu_s / wall_s if wall_s > 0 else 0.0
     return {
-        "runs": len(samples_s),
+        "runs": len(primary),
+        "clock": "device events" if device_samples_s else "host wall",
         "median_s": med,
-        "min_s": min(samples_s),
-        "max_s": max(samples_s),
-        "spread": (max(samples_s) - min(samples_s)) / med if med > 0 else 0.0,
+        "min_s": min(primary),
+        "max_s": max(primary),
+        "spread": (max(primary) - min(primary)) / med if med > 0 else 0.0,
+        "wall_median_s": statistics.median(samples_s),
         "cpu_s": cpu_s,
         "wall_s": wall_s,
         "cpu_per_wall": ratio,
@@ -96,6 +103,11 @@ def round_up(x, step):
     return (x + step - 1) // step * step
 
 
+def event_seconds(events):
+    """Device time from the first event's start to the last one's end (in-order queue)."""
+    return (events[-1].profile.end - events[0].profile.start) * 1e-9
+
+
 class OpenCLRunner(object):
     """Builds the tiled kernel for one parameter set and runs it on one device."""
 
@@ -105,7 +117,8 @@ class OpenCLRunner(object):
         self.cl = cl
         self.device = device
         self.ctx = cl.Context([device])
-        self.queue = cl.CommandQueue(self.ctx)
+        # profiling on: every run returns its device time from the kernels' own events
+        self.queue = cl.CommandQueue(self.ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
         self.source = source
         self.shipped_source = shipped_source
         self._kernels = {}
@@ -165,9 +178,12 @@ class OpenCLRunner(object):
         args = (np.int32(mp), np.int32(np_), np.int32(kp), abuf, bbuf, cbuf)
 
         def run():
-            for pack, size, pack_args in steps:     # packing is part of every timed run
-                pack(self.queue, size, None, *pack_args)
-            kernel(self.queue, glob, local, *args).wait()
+            """One product, waited for; returns its device seconds (packing included)."""
+            events = [pack(self.queue, size, None, *pack_args)     # packing is part of every timed run
+                      for pack, size, pack_args in steps]
+            events.append(kernel(self.queue, glob, local, *args))
+            events[-1].wait()
+            return event_seconds(events)
 
         return run, (lambda: read_back(m, n))
 
@@ -179,7 +195,9 @@ class OpenCLRunner(object):
         kernel = self.cl.Kernel(self.cl.Program(self.ctx, self.shipped_source).build(), "sgemm_shipped")
 
         def run():
-            kernel(self.queue, (n, m), None, np.int32(m), np.int32(n), np.int32(k), abuf, bbuf, cbuf).wait()
+            event = kernel(self.queue, (n, m), None, np.int32(m), np.int32(n), np.int32(k), abuf, bbuf, cbuf)
+            event.wait()
+            return event_seconds([event])
 
         return run, (lambda: read_back(m, n))
 
@@ -220,18 +238,21 @@ def measure(run, result, reference, repetitions, *, warmup=1, guard=None, expect
     verification = reference.verify(result())
     if not verification["passed"]:
         raise VerificationFailed(verification)
-    samples = []
+    samples, device = [], []
     cpu0, wall0 = time.process_time(), time.perf_counter()
     deadline = wall0 + sustain_s
     while len(samples) < repetitions or time.perf_counter() < deadline:
         if guard is not None:
             guard.check()
         t0 = time.perf_counter()
-        run()
+        dev = run()          # an OpenCL run returns its device seconds; the CPU SGEMM None
         samples.append(time.perf_counter() - t0)
+        if dev is not None:
+            device.append(dev)
     cpu_s, wall_s = time.process_time() - cpu0, time.perf_counter() - wall0
     # The last timed result must be right too: a kernel may go wrong under load.
     last = reference.verify(result())
     if not last["passed"]:
         raise VerificationFailed(last)
-    return verification, timing(samples, cpu_s, wall_s, expected_threads)
+    return verification, timing(samples, cpu_s, wall_s, expected_threads,
+                                device if len(device) == len(samples) else None)

@@ -8,7 +8,7 @@ import subprocess
 import numpy as np
 import pyopencl
 import pytest
-from ansible.module_utils.vca_autotune import SPACE, Tuner, cache_key, valid
+from ansible.module_utils.vca_autotune import SPACE, Tuner, cache_key, size_class, valid
 from ansible.module_utils.vca_gemm import (
     OpenCLRunner,
     Reference,
@@ -30,6 +30,11 @@ SMALL_LMEM = dict(TM=16, TN=16, TK=8, WPTM=2, WPTN=2, VW=1, LMEM=1, KBARRIER=0)
 # Register prefetch, with a B chunk (128 floats) that 48 work-items do not divide evenly.
 SMALL_PREFETCH = dict(TM=24, TN=16, TK=8, WPTM=4, WPTN=2, VW=1, LMEM=1, KBARRIER=0, PF=1)
 SMALL_PACKED = dict(SMALL_CPU, PACK=1)
+# LMEM 2: float4 loads, split 4x4 register pieces; one local buffer (DB 0), or two and A unpadded.
+SMALL_VEC = dict(TM=32, TN=32, TK=8, WPTM=4, WPTN=4, VW=1, LMEM=2, KBARRIER=0)
+SMALL_VEC_DB = dict(TM=64, TN=32, TK=16, WPTM=8, WPTN=4, VW=1, LMEM=2, KBARRIER=0, DB=1, APAD=0)
+# Odd sides, none a multiple of any tile; one tall-skinny, one with K < TK.
+ODD_SHAPES = [[97, 33, 65], "33x97x130", [300, 7, 200], [5, 200, 3]]
 
 
 
@@ -48,8 +53,8 @@ def opencl_args(tmp_path, **kw):
     return args
 
 
-@pytest.mark.parametrize("params", [SMALL_CPU, SMALL_LMEM, SMALL_PREFETCH, SMALL_PACKED],
-                         ids=["vector", "local-memory", "prefetch", "packed"])
+@pytest.mark.parametrize("params", [SMALL_CPU, SMALL_LMEM, SMALL_PREFETCH, SMALL_PACKED, SMALL_VEC, SMALL_VEC_DB],
+                         ids=["vector", "local-memory", "prefetch", "packed", "float4", "float4-double-buffered"])
 def test_tiled_kernel_reports_a_verified_figure(tmp_path, capsys, params):
     result = run_module("vca_gemm", opencl_args(tmp_path, params=params, sizes=[96, 100]), capsys)
     assert result.get("failed") is not True, result.get("msg")
@@ -170,7 +175,7 @@ def test_noisy_host_is_flagged():
 LIMITS = {"max_work_group_size": 256, "local_mem_bytes": 32768}
 
 
-PEAK = dict(TM=64, TN=64, TK=32, WPTM=8, WPTN=16, VW=8, LMEM=0, KBARRIER=1, PF=0, PACK=0)
+PEAK = dict(TM=64, TN=64, TK=32, WPTM=8, WPTN=16, VW=8, LMEM=0, KBARRIER=1, PF=0, PACK=0, DB=0, APAD=4)
 
 
 def peak_score(p):
@@ -227,3 +232,74 @@ def test_params_with_an_unknown_or_missing_macro_are_refused(tmp_path, capsys):
     del bad["VW"]
     result = run_module("vca_gemm", opencl_args(tmp_path, params=bad), capsys)
     assert result["failed"] and "params lacks VW" in result["msg"] and "params has unknown TILE" in result["msg"]
+
+
+@pytest.mark.parametrize("params", [SMALL_CPU, SMALL_VEC, SMALL_VEC_DB], ids=["vector", "float4", "float4-db"])
+def test_odd_rectangular_shapes_are_verified(tmp_path, capsys, params):
+    result = run_module("vca_gemm", opencl_args(tmp_path, params=params, sizes=[], shapes=ODD_SHAPES), capsys)
+    assert result.get("failed") is not True, result.get("msg")
+    results = result["record"]["results"]
+    assert [(r["m"], r["n"], r["k"]) for r in results] == [(97, 33, 65), (33, 97, 130), (300, 7, 200), (5, 200, 3)]
+    assert [r["shape"] for r in results] == ["97x33x65", "33x97x130", "300x7x200", "5x200x3"]
+    for r in results:
+        v = r["verification"]
+        assert v["passed"] and v["wrong"] == 0 and v["elements"] == r["m"] * r["n"]
+        assert r["timing"]["clock"] == "device events" and r["gflops"] > 0
+
+
+def test_cpu_sgemm_is_verified_on_rectangular_shapes(tmp_path, capsys, cpu_library):
+    result = run_module("vca_gemm", {"backend": "cpu", "cpu_library": cpu_library, "shapes": ODD_SHAPES,
+                                     "sysfs_root": lab_root(tmp_path)}, capsys)
+    results = result["record"]["results"]
+    assert len(results) == 4 and all(r["verification"]["passed"] for r in results)
+    assert {r["timing"]["clock"] for r in results} == {"host wall"}
+
+
+@pytest.mark.parametrize("shape", [[4, 4], "4x4xK", [4, 0, 4]])
+def test_malformed_shapes_are_refused(tmp_path, capsys, shape):
+    result = run_module("vca_gemm", opencl_args(tmp_path, params=SMALL_CPU, shapes=[shape]), capsys)
+    assert result["failed"] and "record" not in result
+
+
+def test_size_classes_by_the_output():
+    assert [size_class(n) for n in (64, 512, 768, 769, 1536, 1537, 8192)] == [
+        "small", "small", "small", "medium", "medium", "large", "large"]
+    assert size_class(4096, 64) == "small"           # tall-skinny: few output tiles
+    assert size_class(2048, 1024) == "medium"
+
+
+def test_each_size_class_is_tuned_and_cached_on_its_own(tmp_path, capsys):
+    args = opencl_args(tmp_path, sizes=[64], shapes=[[900, 900, 16]], tune_budget=3, tune_size=64)
+    first = run_module("vca_gemm", args, capsys)["record"]
+    assert set(first["tilings"]) == {"small", "medium"}
+    assert all(t["tuning"]["source"] == "tuned" for t in first["tilings"].values())
+    assert [r["size_class"] for r in first["results"]] == ["small", "medium"]
+    assert first["params"] == first["tilings"]["medium"]["params"]     # the largest product's class
+    cache = json.loads((tmp_path / "tune.json").read_text())
+    assert sorted(cache) == sorted([cache_key(first["device"], 64), cache_key(first["device"], 900)])
+    second = run_module("vca_gemm", args, capsys)["record"]
+    assert {t["tuning"]["source"] for t in second["tilings"].values()} == {"cache"}
+
+
+def test_opencl_figures_are_timed_by_device_events(tmp_path, capsys):
+    result = run_module("vca_gemm", opencl_args(tmp_path, params=SMALL_VEC, sizes=[128]), capsys)
+    t = result["record"]["results"][0]["timing"]
+    assert t["clock"] == "device events"
+    assert 0 < t["median_s"] <= t["wall_median_s"]     # the kernel inside the host's launch-and-wait
+    assert result["record"]["results"][0]["gflops"] == pytest.approx(2 * 128 ** 3 / t["median_s"] / 1e9, rel=1e-3)
+
+
+def test_timing_prefers_device_samples():
+    t = timing([1.0, 1.0, 1.0], cpu_s=0, wall_s=3, expected_threads=0, device_samples_s=[0.5, 0.25, 0.5])
+    assert t["clock"] == "device events" and t["median_s"] == 0.5 and t["min_s"] == 0.25
+    assert t["wall_median_s"] == 1.0
+    assert timing([1.0], cpu_s=0, wall_s=1, expected_threads=0)["clock"] == "host wall"
+
+
+def test_float4_tilings_that_do_not_divide_are_pruned():
+    ok = dict(SMALL_VEC, PF=0, PACK=0, DB=0, APAD=4)
+    assert valid(ok, LIMITS, 64)
+    assert not valid(dict(ok, WPTN=2, TN=16), LIMITS, 64)       # a 4x4 piece needs WPTN % 4 == 0
+    assert not valid(dict(ok, TK=4), LIMITS, 64)                # 32x4 floats: 32 float4s for 64 work-items
+    assert not valid(dict(ok, VW=4), LIMITS, 64)                # VW means nothing on LMEM 2: one point only
+    assert not valid(dict(SMALL_CPU, PF=0, PACK=0, DB=1, APAD=4), LIMITS, 64)   # DB only on LMEM 2

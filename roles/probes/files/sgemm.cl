@@ -9,7 +9,21 @@
 //               local memory, VW > 1 also switches each work-item to a
 //               contiguous block read from local memory as vectors
 //   LMEM        1: stage A and B chunks in local memory (GPUs)
+//               2: as 1 with PF, with float4 loads from global memory (the
+//                  next chunk fetched into registers while this one is
+//                  multiplied; DB below double-buffers local memory), A's chunk stored
+//                  transposed with APAD floats of padding per row (4: no bank
+//                  conflicts on the store at TK=8, two-way at 16; float4 reads stay aligned), and each work-item's
+//                  WPTM x WPTN block split into 4x4 pieces RTSM*4 rows and
+//                  RTSN*4 columns apart, read from local memory as float4s
+//                  that neighbouring work-items take side by side. Needs
+//                  WPTM, WPTN, TK, TN multiples of 4, VW = 1, and the float4s
+//                  of a chunk to divide evenly among the work-items
 //               0: read global memory directly, vectorised along N (CPU OpenCL)
+//   DB          with LMEM 2: 0 (default) one local buffer and two barriers per
+//               chunk; 1 double-buffers local memory, one barrier per chunk
+//               (slower on the H200: 37.6 against 49.4 TFLOP/s at N=4096)
+//   APAD        with LMEM 2: padding of A's local rows (default 4)
 //   KBARRIER    1: a barrier per K chunk even without local memory, so that
 //               PoCL runs every work-item of the group over one chunk before
 //               the next, while that chunk of B is still in cache
@@ -28,6 +42,12 @@
 #endif
 #ifndef PACK
 #define PACK 0
+#endif
+#ifndef DB
+#define DB 0
+#endif
+#ifndef APAD
+#define APAD 4
 #endif
 #define RTSM (TM / WPTM)   // work-items along M
 #define RTSN (TN / WPTN)   // work-items along N
@@ -62,7 +82,89 @@ void sgemm(const int M, const int N, const int K,
     const int n0 = get_group_id(0) * TN;
     const int m0 = get_group_id(1) * TM;
 
-#if LMEM
+#if LMEM == 2
+#define NT (RTSM * RTSN)
+#define KQ (TK / 4)            // float4s along K in a row of A's chunk
+#define NQ (TN / 4)            // float4s along N in a row of B's chunk
+#define LA4 (TM * KQ / NT)
+#define LB4 (TK * NQ / NT)
+#define BM (WPTM / 4)
+#define BN (WPTN / 4)
+#define NBUF (DB ? 2 : 1)
+    __local float As[NBUF][TK][TM + APAD] __attribute__((aligned(16)));
+    __local float Bs[NBUF][TK][TN] __attribute__((aligned(16)));
+    const int tid = tm * RTSN + tn;
+    float4 ra[LA4], rb[LB4];
+#define FETCH4(k0)                                                                       \
+    for (int l = 0; l < LA4; l++) {                                                      \
+        const int e = tid + l * NT;                                                      \
+        ra[l] = *(__global const float4 *)(A + (m0 + e / KQ) * K + (k0) + (e % KQ) * 4); \
+    }                                                                                    \
+    for (int l = 0; l < LB4; l++) {                                                      \
+        const int e = tid + l * NT;                                                      \
+        rb[l] = *(__global const float4 *)(B + ((k0) + e / NQ) * N + n0 + (e % NQ) * 4); \
+    }
+#define STORE4(buf)                                                                      \
+    for (int l = 0; l < LA4; l++) {                                                      \
+        const int e = tid + l * NT, r = e / KQ, c = (e % KQ) * 4;                        \
+        As[buf][c][r] = ra[l].x;                                                         \
+        As[buf][c + 1][r] = ra[l].y;                                                     \
+        As[buf][c + 2][r] = ra[l].z;                                                     \
+        As[buf][c + 3][r] = ra[l].w;                                                     \
+    }                                                                                    \
+    for (int l = 0; l < LB4; l++) {                                                      \
+        const int e = tid + l * NT;                                                      \
+        *(__local float4 *)&Bs[buf][e / NQ][(e % NQ) * 4] = rb[l];                       \
+    }
+    float acc[WPTM][WPTN];
+    for (int i = 0; i < WPTM; i++)
+        for (int j = 0; j < WPTN; j++)
+            acc[i][j] = 0.0f;
+    FETCH4(0)
+    STORE4(0)
+    barrier(CLK_LOCAL_MEM_FENCE);
+    int buf = 0;
+    for (int k0 = 0; k0 < KEND; k0 += TK) {
+        const int more = k0 + TK < KEND;
+        if (more) {
+            FETCH4(k0 + TK)
+        }
+#pragma unroll
+        for (int k = 0; k < TK; k++) {
+            float a[WPTM], b[WPTN];
+            for (int i = 0; i < BM; i++) {
+                const float4 v = *(__local const float4 *)&As[buf][k][i * RTSM * 4 + tm * 4];
+                a[4 * i] = v.x; a[4 * i + 1] = v.y; a[4 * i + 2] = v.z; a[4 * i + 3] = v.w;
+            }
+            for (int j = 0; j < BN; j++) {
+                const float4 v = *(__local const float4 *)&Bs[buf][k][j * RTSN * 4 + tn * 4];
+                b[4 * j] = v.x; b[4 * j + 1] = v.y; b[4 * j + 2] = v.z; b[4 * j + 3] = v.w;
+            }
+            for (int i = 0; i < WPTM; i++)
+                for (int j = 0; j < WPTN; j++)
+                    acc[i][j] = mad(a[i], b[j], acc[i][j]);
+        }
+#if DB
+        if (more) {
+            STORE4(buf ^ 1)
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        buf ^= 1;
+#else
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (more) {
+            STORE4(0)
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+#endif
+    }
+    for (int i = 0; i < WPTM; i++) {
+        const int row = m0 + (i / 4) * RTSM * 4 + tm * 4 + i % 4;
+        for (int j = 0; j < BN; j++)
+            *(__global float4 *)&C[row * N + n0 + j * RTSN * 4 + tn * 4] =
+                (float4)(acc[i][4 * j], acc[i][4 * j + 1], acc[i][4 * j + 2], acc[i][4 * j + 3]);
+    }
+#elif LMEM
     // As is stored transposed; one float of padding per row keeps the
     // work-items that store one row of A off a single local-memory bank.
     __local float As[TK][TM + 1];
