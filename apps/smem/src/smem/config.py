@@ -41,6 +41,11 @@ class Settings:
     rerank_top_k: int = 20                # only the fused top k go to the reranker
     rerank_budget_ms: float = 800.0       # over it, search answers unreranked ("reranker" in degraded)
     test_chunk_sleep_s: float = 0.0       # tests only: each chunk's embedding waits this long
+    # A node whose lanes it shares with the host's LLM workers (roles/llm_workers): a lease drains the
+    # node's worker in HAProxy too, through this admin socket, and its end returns it ("": off).
+    haproxy_socket: str = ""
+    haproxy_backend: str = "llm_workers"
+    haproxy_sync_s: float = 5.0           # expired leases are noticed, and a missed command retried, this often
 
     def __post_init__(self):
         validate(self)
@@ -62,6 +67,8 @@ def _keys(where: str, table, known) -> None:
 
 
 def validate(s: Settings) -> None:
+    if not isinstance(s.haproxy_sync_s, int | float) or s.haproxy_sync_s <= 0:
+        raise ValueError("haproxy_sync_s: a positive number of seconds")
     if s.models is not None:
         _keys("models", s.models, ROLES)
         for role, m in s.models.items():

@@ -100,7 +100,13 @@ def _m3(c: apsw.Connection, dim: int) -> None:
     c.execute("ALTER TABLE memories ADD COLUMN extends TEXT")
 
 
-MIGRATIONS = [_m1, _m2, _m3]
+def _m4(c: apsw.Connection, dim: int) -> None:
+    # The nodes whose LLM worker smem drained in HAProxy for a lease (smem.haproxy): only these are
+    # returned when their lease ends, so a worker an operator drained by hand stays drained.
+    c.execute("CREATE TABLE worker_drains(node TEXT PRIMARY KEY, drained_at TEXT NOT NULL)")
+
+
+MIGRATIONS = [_m1, _m2, _m3, _m4]
 VERSION = len(MIGRATIONS)
 
 

@@ -26,10 +26,14 @@ def _public(row: dict) -> dict:
 
 
 class Leases:
-    def __init__(self, db: DB, lanes: Lanes):
-        self.db, self.lanes = db, lanes
+    def __init__(self, db: DB, lanes: Lanes, on_change=None):
+        """on_change(): called after a lease starts or ends (smem.haproxy's reconcile)."""
+        self.db, self.lanes, self.on_change = db, lanes, on_change or (lambda: None)
         for lease in self.live():
             self._mirror(lease)
+
+    def live_nodes(self) -> set[str]:
+        return {n for lease in self.live() for n in lease["nodes"]}
 
     def _mirror(self, lease: dict) -> None:
         self.lanes.lease(lease["nodes"], {"id": lease["id"], "holder": lease["holder"],
@@ -56,6 +60,7 @@ class Leases:
             c.execute("INSERT INTO leases(id, holder, nodes, created_at, expires_at) VALUES (?,?,?,?,?)",
                       (lease["id"], holder, json.dumps(lease["nodes"]), lease["createdAt"], lease["expiresAt"]))
         self._mirror(lease)
+        self.on_change()
         bound = max(cfg["timeout_s"] for lane, cfg in self.lanes.config.items()
                     if any(n in cfg["nodes"] for n in nodes))
         return {**lease, "drained": self.lanes.drain(lease["nodes"], bound)}
@@ -90,4 +95,5 @@ class Leases:
                 raise NotFound("no live lease %s" % lease_id)
             c.execute("UPDATE leases SET released_at=? WHERE id=?", (now(), lease_id))
         self.lanes.unlease(lease_id)
+        self.on_change()
         return {**_public(row), "released": True}

@@ -11,6 +11,7 @@ from smem.config import Settings
 from smem.console import console_routes
 from smem.db import DB
 from smem.embed import MiniLMEmbedder, make_embedder
+from smem.haproxy import Syncer, WorkerDrain
 from smem.ingest import Pipeline, Worker
 from smem.lanes import LaneChat, LaneEmbedder, LaneReranker, Lanes
 from smem.leases import Leases
@@ -54,6 +55,10 @@ def build(db_path: str, settings: Settings, embedder=None, start_workers: bool =
     db = open_db(db_path, settings)
     lanes = Lanes(settings)
     leases = Leases(db, lanes)  # live leases from the file: a restart honours them
+    worker_drain = None
+    if settings.haproxy_socket:   # leased nodes out of the LLM workers' HAProxy too
+        worker_drain = WorkerDrain(db, settings.haproxy_socket, settings.haproxy_backend, leases.live_nodes)
+        leases.on_change = worker_drain.reconcile
     extractor = judge = reranker = None
     if settings.lanes:
         embed = settings.model("embed")
@@ -74,11 +79,16 @@ def build(db_path: str, settings: Settings, embedder=None, start_workers: bool =
     @contextlib.asynccontextmanager
     async def lifespan(app):
         workers = []
+        if worker_drain:
+            worker_drain.reconcile()   # what changed while smem was down
+            workers.append(Syncer(worker_drain, settings.haproxy_sync_s))
+            workers[-1].start()
         if start_workers:
             pipeline.requeue_orphans()
-            workers = [Worker(pipeline, "worker-%d" % i) for i in range(settings.workers)]
-            for w in workers:
+            ingest = [Worker(pipeline, "worker-%d" % i) for i in range(settings.workers)]
+            for w in ingest:
                 w.start()
+            workers += ingest
         async with mcp_running():
             yield
         for w in workers:
