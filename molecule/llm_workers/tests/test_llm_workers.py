@@ -98,6 +98,27 @@ def test_requests_spread_over_every_worker():
     assert {worker for _, worker, _ in answers} == WORKERS, answers
 
 
+def test_the_lease_socket_is_its_users_alone_and_drains_a_worker():
+    sock = HOST.file("/run/haproxy/llm-leases.sock")
+    assert sock.is_socket and sock.user == "nobody" and sock.mode == 0o600
+    # what smem.haproxy sends, as the socket's user
+    send = ("import socket, sys\n"
+            "s = socket.socket(socket.AF_UNIX); s.connect('/run/haproxy/llm-leases.sock')\n"
+            "s.sendall(sys.argv[1].encode() + b'\\n'); print(repr(s.recv(4096).decode().strip()))")
+    # as the socket's user, sandboxed as smem's unit is (ProtectSystem=strict: /run read-only)
+    as_nobody = ("systemd-run --quiet --wait --pipe -p User=nobody -p ProtectSystem=strict -p ProtectHome=yes"
+                 " -p PrivateTmp=yes python3 -c %s %s")
+    def to(state):
+        line = "set server llm_workers/vca-node1 state " + state
+        return HOST.check_output(as_nobody % (shlex.quote(send), shlex.quote(line)))
+    assert to("drain") == "''"          # HAProxy's empty answer: done
+    try:
+        assert status()["vca-node1"] == "DRAIN"
+    finally:
+        to("ready")
+    assert status()["vca-node1"] == "UP"
+
+
 def test_a_stopped_worker_is_taken_out_and_no_request_fails():
     node1 = machine("node1")
     node1.check_output(f"systemctl stop {UNIT}")
