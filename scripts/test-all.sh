@@ -92,7 +92,8 @@ if [ -n "$beside" ]; then
     cat build/test-beside.log
     while IFS= read -r line; do    # the fresh machine's own steps stay indented, as above
         results+=("$line"); [[ $line == FAIL* ]] && failed=$((failed + 1))
-    done < <(sed -n '/^=== make test summary/,$p' build/test-beside.log | grep -E '^ *(PASS|FAIL)  ')
+    done < <(awk '/^=== make test summary/ {last = ""; next} {last = last $0 "\n"} END {printf "%s", last}' \
+                 build/test-beside.log | grep -E '^ *(PASS|FAIL)  ')   # its own summary: the last one (fresh's log has one)
     grep -q '^=== make test summary' build/test-beside.log || { results+=("FAIL  beside ($beside: no summary)"); failed=$((failed + 1)); }
 fi
 
