@@ -229,15 +229,17 @@ def run_transcode(module):
         encoder = "h264_qsv" if label == "hardware" and has_qsv else "libx264"
         if encoder == "libx264":
             fallback = "platform is %s" % label if label != "hardware" else "this ffmpeg has no h264_qsv"
-    t0 = time.monotonic()
-    rc, out, err = module.run_command(ffmpeg_argv(p, encoder))
-    seconds = time.monotonic() - t0
+
+    def timed(encoder):
+        t0 = time.monotonic()
+        rc, out, err = module.run_command(ffmpeg_argv(p, encoder))
+        return rc, out, err, time.monotonic() - t0
+
+    rc, out, err, seconds = timed(encoder)
     if rc != 0 and encoder == "h264_qsv" and p["encoder"] == "auto":
         fallback = "h264_qsv failed (rc %d): %s" % (rc, err.strip()[-300:])
         encoder = "libx264"
-        t0 = time.monotonic()
-        rc, out, err = module.run_command(ffmpeg_argv(p, encoder))
-        seconds = time.monotonic() - t0
+        rc, out, err, seconds = timed(encoder)
     result = transcode_result(out, seconds, p["frames"], encoder)
     if rc != 0:
         result["fps"] = None

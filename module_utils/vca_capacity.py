@@ -280,15 +280,21 @@ def _window(energy):
     return round(max(spans), 3) if spans else None
 
 
-def chat_leg(leg, load, before, after):
-    """A chat leg's record: leg = {name, setup, machines}; load = chat_load() or None (not run)."""
+def _leg(leg, kind, before, after):
+    """What every leg's record has: its name, setup, kind and machines, their platform labels (from
+    the snapshots) and the leg's energy."""
     energy = leg_energy(leg["machines"], before, after)
     labels = [(after or {}).get(m, (before or {}).get(m, {})).get("platform") for m in leg["machines"]]
-    out = {"name": leg["name"], "setup": leg.get("setup", leg["name"]), "kind": "chat",
-           "machines": list(leg["machines"]), "platform": leg_platform(labels) if any(labels) else None,
-           "platforms": {m: labels[i] for i, m in enumerate(leg["machines"])}, "energy": energy, "load": load,
-           "tok_s": None, "tok_j": None, "p50_ms": None, "p95_ms": None,
-           "energy_window_s": _window(energy)}
+    return {"name": leg["name"], "setup": leg.get("setup", leg["name"]), "kind": kind,
+            "machines": list(leg["machines"]), "platform": leg_platform(labels) if any(labels) else None,
+            "platforms": dict(zip(leg["machines"], labels, strict=True)), "energy": energy}
+
+
+def chat_leg(leg, load, before, after):
+    """A chat leg's record: leg = {name, setup, machines}; load = chat_load() or None (not run)."""
+    out = _leg(leg, "chat", before, after)
+    energy = out["energy"]
+    out.update(load=load, tok_s=None, tok_j=None, p50_ms=None, p95_ms=None, energy_window_s=_window(energy))
     if load is None:
         out["reason"] = leg.get("reason") or "no load result: the leg failed or did not run (see the play's output)"
         return out
@@ -312,16 +318,13 @@ def chat_leg(leg, load, before, after):
 
 def transcode_leg(leg, results, before, after):
     """A transcode leg: results = {machine: transcode_result()}; fps summed, fps per W summed."""
-    energy = leg_energy(leg["machines"], before, after)
-    labels = [(after or {}).get(m, (before or {}).get(m, {})).get("platform") for m in leg["machines"]]
+    out = _leg(leg, "transcode", before, after)
+    energy = out["energy"]
     results = results or {}
     fps = [results.get(m, {}).get("fps") for m in leg["machines"]]
     complete = bool(fps) and all(f is not None for f in fps)
-    out = {"name": leg["name"], "setup": leg.get("setup", leg["name"]), "kind": "transcode",
-           "machines": list(leg["machines"]), "platform": leg_platform(labels) if any(labels) else None,
-           "platforms": {m: labels[i] for i, m in enumerate(leg["machines"])}, "energy": energy, "runs": results,
-           "fps": round(sum(fps), 2) if complete else None, "fps_w": None,
-           "encoders": sorted({r.get("encoder") for r in results.values() if r.get("encoder")})}
+    out.update(runs=results, fps=round(sum(fps), 2) if complete else None, fps_w=None,
+               encoders=sorted({r.get("encoder") for r in results.values() if r.get("encoder")}))
     if not complete:
         out["reason"] = "; ".join("%s: %s" % (m, results.get(m, {}).get("reason") or "no result")
                                   for i, m in enumerate(leg["machines"]) if fps[i] is None)
