@@ -285,9 +285,10 @@ def check_params(module, p):
     if p["start_at"] is not None:
         if p["mode"] != "ring" or p["node"] is None:
             module.fail_json(msg="start_at is for ring mode with node set (a pipelined ring's hop)")
-        ahead = p["start_at"] - dma.clock()
-        if ahead > dma.MAX_WAIT_S:
-            module.fail_json(msg="start_at is %.1f s away, more than %d s" % (ahead, dma.MAX_WAIT_S))
+        try:
+            dma.check_start_at(p["start_at"])   # before any engine is opened
+        except ValueError as exc:
+            module.fail_json(msg=str(exc))
 
 
 def main():

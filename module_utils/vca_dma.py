@@ -450,13 +450,19 @@ def ring_order(order=None, node_rates=None, dead=(), efficiency=vca_ring_plan.DE
     return plan["order"], plan
 
 
+def check_start_at(start_at, *, max_wait_s=MAX_WAIT_S):
+    """The epoch `clock` now; ValueError when start_at is more than max_wait_s ahead of it."""
+    now = clock()
+    if start_at - now > max_wait_s:
+        raise ValueError("start_at is %.1f s away, more than %d s" % (start_at - now, max_wait_s))
+    return now
+
+
 def wait_until(start_at, *, max_wait_s=MAX_WAIT_S):
     """Sleep (module attribute `sleep`) until the epoch `clock` reaches start_at; never sleeps
     longer than max_wait_s in all (a start further away raises ValueError before any sleep).
     {start_at, waited_s, late_s}: late_s > 0 when start_at had already passed."""
-    now = clock()
-    if start_at - now > max_wait_s:
-        raise ValueError("start_at is %.1f s away, more than %d s" % (start_at - now, max_wait_s))
+    now = check_start_at(start_at, max_wait_s=max_wait_s)
     t0 = now
     while now < start_at:
         sleep(start_at - now)
