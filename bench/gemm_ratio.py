@@ -259,11 +259,6 @@ def figure(entry, key):
     return "%8.1f" % entry[key]["gflops"] if entry[key]["gflops"] else "  FAILED"
 
 
-def parse_shape(text):
-    m, n, k = (int(x) for x in text.lower().split("x"))
-    return m, n, k
-
-
 def json_arg(text):
     """JSON on the command line, or @FILE for JSON in a file."""
     return json.loads(Path(text[1:]).read_text() if text.startswith("@") else text)
@@ -273,7 +268,7 @@ def parse_args():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="Portable Computing Language", help="OpenCL device (name substring)")
     ap.add_argument("--sizes", type=int, nargs="+", help="square N (default PoCL 512..4096, GPU 512..8192)")
-    ap.add_argument("--shapes", type=parse_shape, nargs="+", metavar="MxNxK", default=[],
+    ap.add_argument("--shapes", type=vca_gemm.parse_shape, nargs="+", metavar="MxNxK", default=[],
                     help="rectangular products, e.g. 4096x64x4096 (A is MxK, B is KxN)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--budget", type=int, default=60, help="autotuning trials per size class")

@@ -173,6 +173,7 @@ from ansible.module_utils.vca_gemm import (
     VerificationFailed,
     gflops,
     measure,
+    parse_shape,
     random_operands,
 )
 from ansible.module_utils.vca_sensors import platform_evidence, platform_label
@@ -254,12 +255,9 @@ def problems(module):
     out = [(n, n, n) for n in sizes]
     for shape in p["shapes"]:
         try:
-            dims = [int(x) for x in (shape.lower().split("x") if isinstance(shape, str) else shape)]
-        except (TypeError, ValueError, AttributeError):
-            dims = []
-        if len(dims) != 3:
-            module.fail_json(msg="a shape is [M, N, K] or 'MxNxK', got %r" % (shape,))
-        out.append(tuple(dims))
+            out.append(parse_shape(shape))
+        except ValueError as exc:
+            module.fail_json(msg=str(exc))
     if not out or min(min(d) for d in out) < 1:
         module.fail_json(msg="sizes and shapes must be positive and not both empty, got sizes %s, shapes %s"
                          % (p["sizes"], p["shapes"]))

@@ -99,6 +99,17 @@ def padded(x, rows, cols):
     return out
 
 
+def parse_shape(shape):
+    """(M, N, K) from 'MxNxK' or a list of three; ValueError for anything else (sign not checked)."""
+    try:
+        dims = [int(x) for x in (shape.lower().split("x") if isinstance(shape, str) else shape)]
+    except (TypeError, ValueError, AttributeError):
+        dims = []
+    if len(dims) != 3:
+        raise ValueError("a shape is [M, N, K] or 'MxNxK', got %r" % (shape,))
+    return tuple(dims)
+
+
 def round_up(x, step):
     return (x + step - 1) // step * step
 
