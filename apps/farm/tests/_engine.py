@@ -6,10 +6,13 @@ Waits are bounded by generous deadlines and poll the state; nothing assumes a sp
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import itertools
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -31,12 +34,21 @@ from starlette.applications import Starlette  # noqa: E402
 from starlette.responses import JSONResponse  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 
+from farm.broker import node_permissions as broker_permissions  # noqa: E402
+from farm.config import Settings  # noqa: E402
 from farm.db import DB  # noqa: E402
+
+
+def load_settings(values: dict) -> Settings:
+    return Settings(**{k: v for k, v in values.items() if v is not None})
 
 PY = sys.executable
 RABBIT = next((p for p in ("/usr/lib/rabbitmq/bin/rabbitmq-server",) if os.path.exists(p)), "rabbitmq-server")
+# not Debian's /usr/sbin wrapper, which runs it as the rabbitmq user (another Erlang cookie, no access here)
+RABBITMQCTL = next((p for p in ("/usr/lib/rabbitmq/bin/rabbitmqctl",) if os.path.exists(p)), "rabbitmqctl")
 EPMD = "epmd"
 SLOW = float(os.environ.get("FARM_TEST_DEADLINE_SCALE", "1"))   # a slower machine: stretch every deadline
+CTL_PIN_LINE = 'CTL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"'   # roles/farm's rabbitmq-env.conf
 
 
 def free_port() -> int:
@@ -96,7 +108,8 @@ class Broker:
             "listeners.tcp.default = 127.0.0.1:%d\n"
             "log.console = false\nlog.file.level = warning\n" % self.amqp)
         (root / "enabled_plugins").write_text("[].\n")
-        (root / "rabbitmq-env.conf").write_text("")
+        # as roles/farm writes it: rabbitmqctl's own distribution listener on loopback too
+        (root / "rabbitmq-env.conf").write_text(CTL_PIN_LINE + "\n")
         self.env = {
             **os.environ,
             "HOME": str(root),                       # its own Erlang cookie
@@ -130,6 +143,29 @@ class Broker:
             except Exception:
                 return False
         wait_for("rabbitmq-server on 127.0.0.1:%d" % self.amqp, up, 120, every=0.5)
+
+    def ctl_argv(self, *args: str) -> list[str]:
+        return [RABBITMQCTL, "-n", self.env["RABBITMQ_NODENAME"], *args]
+
+    def ctl(self, *args: str) -> subprocess.CompletedProcess:
+        """rabbitmqctl against this broker (its rabbitmq-env.conf pins the CLI's listener to loopback)."""
+        return subprocess.run(self.ctl_argv(*args), env=self.env, capture_output=True, text=True,
+                              timeout=120 * SLOW, check=False)
+
+    def add_node_users(self, settings: dict, nodes: list[str], password: str = "node-test-password") -> dict:
+        """One broker user per node with the role's permissions (farm.broker), in one rabbitmqctl call;
+        {node: its amqp URL}."""
+        s = load_settings(settings)
+        salt = secrets.token_bytes(4)
+        digest = base64.b64encode(salt + hashlib.sha256(salt + password.encode()).digest()).decode()
+        users = [{"name": s.node_user(n), "password_hash": digest, "hashing_algorithm": "rabbit_password_hashing_sha256",
+                  "tags": []} for n in nodes]
+        perms = [{"user": s.node_user(n), "vhost": "/", **broker_permissions(s, n)} for n in nodes]
+        path = self.root / ("definitions-%s.json" % secrets.token_hex(4))
+        path.write_text(json.dumps({"users": users, "permissions": perms}))
+        r = self.ctl("import_definitions", str(path))
+        assert r.returncode == 0, r.stdout + r.stderr
+        return {n: "amqp://%s:%s@127.0.0.1:%d//" % (s.node_user(n), password, self.amqp) for n in nodes}
 
     def stop(self) -> None:
         for p in (getattr(self, "proc", None), getattr(self, "epmd", None)):
@@ -177,6 +213,7 @@ class Farm:
         }
         self.config = root / "farm.toml"
         self.write_config()
+        self.node_urls = broker.add_node_users(self.settings, self.nodes)
         self.control = Celery("farm-test", broker=broker.url).control   # ping, inspect: this test's own
         self.workers: dict[str, subprocess.Popen] = {}
         self.coordinator: subprocess.Popen | None = None
@@ -187,10 +224,16 @@ class Farm:
     def write_config(self) -> None:
         write_toml(self.config, self.settings)
 
+    def node_url(self, node: str) -> str:
+        """The node's own broker user (made once), as the role makes one per node."""
+        if node not in self.node_urls:
+            self.node_urls.update(self.broker.add_node_users(self.settings, [node]))
+        return self.node_urls[node]
+
     def worker_config(self, node: str, **overrides) -> Path:
-        """A worker's own settings file: the farm's, with overrides."""
+        """A worker's own settings file: the farm's, its own broker user, and overrides."""
         path = self.root / ("farm-%s.toml" % node)
-        write_toml(path, {**self.settings, **overrides})
+        write_toml(path, {**self.settings, "broker_url": self.node_url(node), **overrides})
         return path
 
     def remote_worker_config(self, node: str, **overrides) -> Path:
@@ -233,8 +276,7 @@ class Farm:
 
     def start_worker(self, node: str, config: Path | None = None, **env) -> subprocess.Popen:
         log = open(self.root / ("worker-%s.log" % node), "a")
-        if config:
-            env["FARM_CONFIG"] = str(config)
+        env["FARM_CONFIG"] = str(config or self.worker_config(node))
         p = subprocess.Popen([PY, str(APP / "tests" / "worker_main.py"), "--node", node, "--loglevel", "INFO"],
                              env=self.env(**env), start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
         self.workers[node] = p

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import socket
 import json
 import os
 import secrets
@@ -158,13 +159,27 @@ async def _store_part(request: Request, folder: Path, name: str, want: str) -> J
     return JSONResponse({"name": name, "sha256": want, "bytes": size}, status_code=201)
 
 
+WILDCARDS = {ipaddress.ip_address("0.0.0.0"), ipaddress.ip_address("::")}
+
+
 def listen_address(s: Settings) -> tuple[str, int]:
-    host, _, port = s.api_listen.rpartition(":")
+    """api_listen's host and port. The host is resolved as the server will resolve it: any address it
+    resolves to that is every address (0.0.0.0, ::, and so 0, ::0, an empty host, or a name that
+    resolves to one) needs allow_public_listen; a specific address, loopback or not, is the inventory's
+    choice. A host that does not resolve is an error too."""
+    host, sep, port = s.api_listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SystemExit("farm api: api_listen is HOST:PORT (e.g. 127.0.0.1:8790), not %r" % s.api_listen)
     host = host.strip("[]")
-    loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    if not loopback and not s.allow_public_listen:
-        raise SystemExit("farm api: %s is not a loopback address; set allow_public_listen = true to listen there"
-                         % s.api_listen)
+    try:
+        infos = socket.getaddrinfo(host or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise SystemExit("farm api: api_listen %r does not resolve: %s" % (s.api_listen, e)) from None
+    found = sorted({ipaddress.ip_address(i[4][0].split("%")[0]) for i in infos}, key=str)
+    wild = [str(a) for a in found if a in WILDCARDS or (a.version == 6 and a.ipv4_mapped in WILDCARDS)]
+    if wild and not s.allow_public_listen:
+        raise SystemExit("farm api: refusing to listen on every address (%r resolves to %s): name one address, or "
+                         "set allow_public_listen = true" % (s.api_listen, ", ".join(wild)))
     return host, int(port)
 
 

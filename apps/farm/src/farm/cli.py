@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
-from farm import join, remotion, tasks
+from farm import broker, join, remotion, tasks
 from farm.config import Settings, load
 from farm.coordinator import Coordinator
 from farm.db import DB, FINAL
@@ -209,6 +209,11 @@ def cmd_coordinator(a, s: Settings) -> int:
     return 0
 
 
+def cmd_broker_permissions(a, s: Settings) -> int:
+    print(json.dumps({"user": s.node_user(a.node), **broker.node_permissions(s, a.node)}))
+    return 0
+
+
 def cmd_api(a, s: Settings) -> int:
     from farm import api  # noqa: PLC0415 (starlette: the host's extra, the nodes do without)
     return api.serve(s)
@@ -240,9 +245,11 @@ def main(argv: list[str] | None = None) -> int:
     x.add_argument("--node", required=True)
     x.add_argument("--loglevel", default="INFO")
     sub.add_parser("coordinator", help="the long-running coordinator (host)")
+    x = sub.add_parser("broker-permissions", help="a node's broker user and its permissions, as JSON (the role sets them)")
+    x.add_argument("--node", required=True)
     sub.add_parser("api", help="the HTTP API (host; loopback unless allow_public_listen)")
     sub.add_parser("join", help="join parts: farm join --video P1 P2 ... --audio A1 A2 ... --out OUT")
     a = p.parse_args(argv)
     s = load(a.config)
     return {"submit": cmd_submit, "status": cmd_status, "cancel": cmd_cancel, "worker": cmd_worker,
-            "coordinator": cmd_coordinator, "api": cmd_api}[a.cmd](a, s)
+            "coordinator": cmd_coordinator, "api": cmd_api, "broker-permissions": cmd_broker_permissions}[a.cmd](a, s)

@@ -20,6 +20,9 @@ class Settings:
     broker_url: str = "amqp://farm:farm@127.0.0.1:5672/farm"
     broker_heartbeat: int = 6             # a hung node's chunk is re-queued after two to three of these
     reports_queue: str = "farm.reports"   # workers -> coordinator: started / progress / done / failed / lost
+                                          # (through a direct exchange of the same name)
+    node_user_prefix: str = "farm-"       # node N's broker user is farm-N: a report's node must be the one its
+                                          # broker-validated user_id names (README "One broker user per node")
     db_path: str = "/var/lib/farm/farm.db"            # job state, on the host
     work_dir: str = "/var/lib/farm/work"              # scratch (bundles, temporaries)
     output_dir: str = "/var/lib/farm/out"             # where `farm submit` puts outputs given without a directory
@@ -55,7 +58,8 @@ class Settings:
     control_timeout_s: float = 2.0        # replies to add_consumer / cancel_consumer / ping
     api_listen: str = "127.0.0.1:8790"   # farm api
     api_token_file: str | None = None     # its bearer token (required)
-    allow_public_listen: bool = False     # a non-loopback api_listen needs this, explicitly
+    allow_public_listen: bool = False     # an api_listen on every address (0.0.0.0, ::, a name resolving to one)
+                                          # needs this, explicitly
     render: dict = field(default_factory=dict)   # the media half's knobs (browser, node, ...); on a worker, its
                                                  # node, browser, node_modules, concurrency replace the job's
 
@@ -74,6 +78,9 @@ class Settings:
     @property
     def lendable(self) -> list[str]:
         return [n for n in self.farm_nodes if n not in self.never_lend]
+
+    def node_user(self, node: str) -> str:
+        return self.node_user_prefix + node
 
     def worker_token(self) -> str | None:
         return Path(self.worker_token_file).read_text().strip() if self.worker_token_file else None

@@ -61,7 +61,8 @@ class Coordinator:
         self.joins: dict[str, Future] = {}
         self.due: dict[tuple[str, str], float] = {}   # (what, job) -> when
         self.up_since = time.time()
-        self.reports_q = Queue(settings.reports_queue, routing_key=settings.reports_queue)
+        self.reports_q = Queue(settings.reports_queue, tasks.reports_exchange(settings), routing_key=settings.reports_queue)
+        self.refused_reports = 0
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self, stop: threading.Event | None = None) -> None:
@@ -93,6 +94,14 @@ class Coordinator:
         self.pool.shutdown(wait=True)
 
     def _on_report(self, body: dict, message) -> None:
+        user = message.properties.get("user_id")
+        node = body.get("node") if isinstance(body, dict) else None
+        if not node or user != self.s.node_user(str(node)):
+            self.refused_reports += 1
+            log.warning("report refused (%d so far): it says node %r, but the broker user that sent it is %r, not %r",
+                        self.refused_reports, node, user, self.s.node_user(str(node)) if node else "-")
+            message.ack()
+            return
         try:
             self.apply(body)
         except Exception:

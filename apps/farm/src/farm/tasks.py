@@ -22,14 +22,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from celery import Celery
-from kombu import Exchange, Queue
+from kombu import Connection, Exchange, Queue
 
 from farm import render as media
 from farm import transport
 from farm.config import Settings
 
 app = Celery("farm")
-here = SimpleNamespace(settings=Settings(), node=socket.gethostname(), host=None)   # set by configure()
+here = SimpleNamespace(settings=Settings(), node=socket.gethostname(), host=None, user=None)   # set by configure()
 
 RETRY = {"max_retries": 5, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 3}
 WORKER_KEYS = ("node", "browser", "node_modules", "concurrency")
@@ -42,8 +42,15 @@ def queue_of(job_id: str) -> Queue:
                  queue_arguments=QUEUE_ARGS)
 
 
+def reports_exchange(s: Settings) -> Exchange:
+    """The workers report through this direct exchange (bound to the reports queue by the coordinator),
+    so that a node's broker user needs no write on the default exchange, which reaches every queue."""
+    return Exchange(s.reports_queue, "direct", durable=True)
+
+
 def configure(s: Settings, node_name: str | None = None) -> Celery:
     here.settings = s
+    here.user = Connection(s.broker_url).userid      # what the broker validates each report's user_id against
     if node_name:
         here.node = node_name
     app.conf.update(
@@ -65,11 +72,13 @@ def configure(s: Settings, node_name: str | None = None) -> Celery:
 
 
 def report(event: str, **fields) -> None:
+    """One report, with the AMQP user_id property: RabbitMQ refuses a publish whose user_id is not the
+    connection's user, so the coordinator can trust it to say which node sent the report. Not declared
+    here: the coordinator declares the exchange and the queue (a node's user may not)."""
     body = {"event": event, "ts": time.time(), "node": here.node, **fields}
-    q = Queue(here.settings.reports_queue, routing_key=here.settings.reports_queue)
     with app.producer_pool.acquire(block=True) as producer:
-        producer.publish(body, exchange="", routing_key=q.name, serializer="json", delivery_mode=2,
-                         declare=[q], retry=True, retry_policy=RETRY)
+        producer.publish(body, exchange=reports_exchange(here.settings), routing_key=here.settings.reports_queue,
+                         serializer="json", delivery_mode=2, user_id=here.user, retry=True, retry_policy=RETRY)
 
 
 def _ticker(stop: threading.Event, t0: float, ids: dict) -> None:
