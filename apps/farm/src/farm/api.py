@@ -17,10 +17,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
-import socket
 import json
 import os
 import secrets
+import socket
 from pathlib import Path
 
 from starlette.applications import Starlette

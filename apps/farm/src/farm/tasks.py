@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from amqp.exceptions import NotFound as NOT_FOUND
 from celery import Celery
 from kombu import Connection, Exchange, Queue
 
@@ -103,12 +104,17 @@ def _host() -> transport.Host | None:
 
 
 def _put_back(request, kwargs: dict) -> None:
-    """A copy to the job's queue, through the default exchange and not declared: a job cancelled
-    meanwhile has no queue, and the copy goes nowhere. Not Reject(requeue=True): the message would
-    come back `redelivered`, which the next worker takes for a lost one."""
-    app.send_task("farm.render", task_id=request.id, kwargs={**kwargs, "held": kwargs.get("held", 0) + 1},
-                  queue=queue_of(kwargs["job"]), declare=[], ignore_result=True,
-                  priority=request.delivery_info.get("priority") or 0)
+    """A copy to the job's queue, through the job's own exchange (a node's broker user may not write
+    to the default one) and not declared: a job that ended meanwhile has neither, and the copy goes
+    nowhere. Not Reject(requeue=True): the message would come back `redelivered`, which the next
+    worker takes for a lost one."""
+    q = queue_of(kwargs["job"])
+    try:
+        app.send_task("farm.render", task_id=request.id, kwargs={**kwargs, "held": kwargs.get("held", 0) + 1},
+                      exchange=q.exchange.name, routing_key=q.routing_key, declare=[], ignore_result=True,
+                      priority=request.delivery_info.get("priority") or 0)
+    except NOT_FOUND:                   # the job's exchange is gone with the job
+        pass
 
 
 @app.task(name="farm.render", bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
