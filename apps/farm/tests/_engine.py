@@ -158,8 +158,8 @@ class Broker:
         s = load_settings(settings)
         salt = secrets.token_bytes(4)
         digest = base64.b64encode(salt + hashlib.sha256(salt + password.encode()).digest()).decode()
-        users = [{"name": s.node_user(n), "password_hash": digest, "hashing_algorithm": "rabbit_password_hashing_sha256",
-                  "tags": []} for n in nodes]
+        users = [{"name": s.node_user(n), "password_hash": digest, "tags": [],
+                  "hashing_algorithm": "rabbit_password_hashing_sha256"} for n in nodes]
         perms = [{"user": s.node_user(n), "vhost": "/", **broker_permissions(s, n)} for n in nodes]
         path = self.root / ("definitions-%s.json" % secrets.token_hex(4))
         path.write_text(json.dumps({"users": users, "permissions": perms}))

@@ -105,7 +105,8 @@ def test_the_cli_prints_a_nodes_user_and_its_permissions(capsys):
     assert cli.main(["broker-permissions", "--node", "vca-node0"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["user"] == "farm-vca-node0"
-    assert got["read"] == r"^(farm\.node\.vca\-node0|farm@vca\-node0\.celery\.pidbox|farm\.job\.[0-9a-f-]+|celery\.pidbox)$"
+    assert got["read"] == (r"^(farm\.node\.vca\-node0|farm@vca\-node0\.celery\.pidbox|farm\.job\.[0-9a-f-]+"
+                           r"|celery\.pidbox)$")
     assert "farm\\.reports" in got["write"] and "farm\\.reports" not in got["read"]
 
 

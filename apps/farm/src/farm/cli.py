@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     x.add_argument("--node", required=True)
     x.add_argument("--loglevel", default="INFO")
     sub.add_parser("coordinator", help="the long-running coordinator (host)")
-    x = sub.add_parser("broker-permissions", help="a node's broker user and its permissions, as JSON (the role sets them)")
+    x = sub.add_parser("broker-permissions", help="a node's broker user and its rights, as JSON (the role sets them)")
     x.add_argument("--node", required=True)
     sub.add_parser("api", help="the HTTP API (host; loopback unless allow_public_listen)")
     sub.add_parser("join", help="join parts: farm join --video P1 P2 ... --audio A1 A2 ... --out OUT")

@@ -61,7 +61,8 @@ class Coordinator:
         self.joins: dict[str, Future] = {}
         self.due: dict[tuple[str, str], float] = {}   # (what, job) -> when
         self.up_since = time.time()
-        self.reports_q = Queue(settings.reports_queue, tasks.reports_exchange(settings), routing_key=settings.reports_queue)
+        self.reports_q = Queue(settings.reports_queue, tasks.reports_exchange(settings),
+                               routing_key=settings.reports_queue)
         self.refused_reports = 0
 
     # -- the loop -------------------------------------------------------------------------------
