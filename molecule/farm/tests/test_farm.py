@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import time
@@ -55,7 +56,7 @@ def listeners() -> list[tuple[str, int]]:
 
 
 def test_the_broker_listens_on_the_farm_address_and_loopback_only():
-    ip = HOST.check_output(f"getent ahostsv4 {LAB}-host").split()[0]
+    ip = "172.31.1.254"                    # the host's end of node 0's link (inventory/lab's farm.yml)
     found = listeners()
     assert (ip, 5672) in found and (ip, 8790) in found, found            # AMQP and the API, for the workers
     assert ("127.0.0.1", 25672) in found and ("127.0.0.1", 4369) in found, found   # distribution, epmd
@@ -64,11 +65,17 @@ def test_the_broker_listens_on_the_farm_address_and_loopback_only():
             assert addr in (ip, "127.0.0.1"), (addr, port)
 
 
-def test_only_the_farm_user_on_its_own_vhost():
+def test_the_coordinators_user_and_one_user_per_node_on_the_farms_vhost():
     users = HOST.check_output("rabbitmqctl -q list_users --formatter json")
-    assert [u["user"] for u in json.loads(users)] == ["farm"]
+    assert sorted(u["user"] for u in json.loads(users)) == sorted(["farm"] + ["farm-" + n for n in NODES])
     perms = json.loads(HOST.check_output("rabbitmqctl -q list_user_permissions farm --formatter json"))
     assert [p["vhost"] for p in perms] == ["farm"]
+    for node in NODES:
+        (perm,) = json.loads(HOST.check_output(f"rabbitmqctl -q list_user_permissions farm-{node} --formatter json"))
+        assert perm["vhost"] == "farm" and "farm\\.reports" not in perm["read"] and ".*" not in perm.values()
+        assert re.escape(f"farm@{node}.celery.pidbox") in perm["read"]
+        # and the node's worker connects as that user
+        assert f"amqp://farm-{node}:" in machine(node.removeprefix("vca-")).file("/etc/farm/farm.toml").content_string
 
 
 @pytest.mark.parametrize("node", NODES)

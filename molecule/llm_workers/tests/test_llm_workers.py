@@ -82,6 +82,50 @@ def test_haproxy_listens_on_loopback_only():
     assert "0.0.0.0:8090 " not in listening and "*:8090 " not in listening, listening
 
 
+CREDENTIALS = Path("/var/lib/vcafleet-lab") / LAB / "credentials"
+
+
+def key_of(worker: str) -> str:
+    """A worker's own key, as the controller made it once (the lab keeps it with its state)."""
+    return (CREDENTIALS / f"llama-llm-{worker}").read_text().split()[0]
+
+
+def direct(url: str, key: str | None) -> int:
+    """The status of GET url from inside the host, with that key or none."""
+    script = ("import sys, urllib.request as u, urllib.error as e\n"
+              "h = {'Authorization': 'Bearer ' + sys.argv[2]} if sys.argv[2] else {}\n"
+              "try: print(u.urlopen(u.Request(sys.argv[1], headers=h), timeout=30).status)\n"
+              "except e.HTTPError as x: print(x.code)")
+    return int(HOST.check_output("python3 -c %s %s %s" % (shlex.quote(script), url, shlex.quote(key or ""))))
+
+
+def test_each_worker_takes_its_own_key_only():
+    node0, node1 = "http://172.31.1.1:8420/v1/models", "http://172.31.2.1:8420/v1/models"
+    assert direct(node0, None) == 401 and direct("http://127.0.0.1:8420/v1/models", None) == 401
+    assert direct(node0, key_of("vca-node1")) == 401           # another worker's key opens nothing here
+    assert direct(node0, key_of("vca-node0")) == 200 and direct(node1, key_of("vca-node1")) == 200
+    assert direct("http://172.31.1.1:8420/health", None) == 200   # llama-server's health stays open
+
+
+def test_no_secret_in_haproxys_configuration():
+    config = HOST.file("/etc/haproxy/haproxy.cfg").content_string
+    for worker in WORKERS:
+        assert key_of(worker) not in config
+    assert TOKEN not in config
+    for path in ("/etc/haproxy/llm-worker-keys.map", "/etc/haproxy/llm-clients.lst"):
+        f = HOST.file(path)
+        assert f.user == "root" and f.mode == 0o600, path
+
+
+def test_an_idle_client_is_closed_before_any_token_check():
+    # HAProxy's timeout http-request (10 s in the role): before it, timeout client (600 s) held it
+    script = ("import socket, time\n"
+              "s = socket.create_connection(('127.0.0.1', 8090)); s.settimeout(120); t = time.monotonic()\n"
+              "data = s.recv(4096); print(round(time.monotonic() - t, 1), data[:12])")
+    took, _ = HOST.check_output("python3 -c %s" % shlex.quote(script)).split(" ", 1)
+    assert float(took) < 60, took
+
+
 def test_every_live_worker_is_up_and_the_dead_node_is_not_listed():
     assert status() == {name: "UP" for name in WORKERS}
     assert "vca-node3" not in HOST.file("/etc/haproxy/haproxy.cfg").content_string
@@ -98,19 +142,27 @@ def test_requests_spread_over_every_worker():
     assert {worker for _, worker, _ in answers} == WORKERS, answers
 
 
+# what smem.haproxy sends, as the lease socket's user
+LEASE_SEND = ("import socket, sys\n"
+              "s = socket.socket(socket.AF_UNIX); s.connect('/run/haproxy/llm-leases.sock')\n"
+              "s.sendall(sys.argv[1].encode() + b'\\n'); print(repr(s.recv(4096).decode().strip()))")
+# as the socket's user, sandboxed as smem's unit is (ProtectSystem=strict: /run read-only)
+AS_NOBODY = ("systemd-run --quiet --wait --pipe -p User=nobody -p ProtectSystem=strict -p ProtectHome=yes"
+             " -p PrivateTmp=yes python3 -c %s %s")
+
+
+def lease_state(worker: str, state: str) -> str:
+    """What a lease of smem's does to a node's worker: HAProxy's answer ('' when done)."""
+    line = f"set server llm_workers/{worker} state {state}"
+    return HOST.check_output(AS_NOBODY % (shlex.quote(LEASE_SEND), shlex.quote(line)))
+
+
 def test_the_lease_socket_is_its_users_alone_and_drains_a_worker():
     sock = HOST.file("/run/haproxy/llm-leases.sock")
     assert sock.is_socket and sock.user == "nobody" and sock.mode == 0o600
-    # what smem.haproxy sends, as the socket's user
-    send = ("import socket, sys\n"
-            "s = socket.socket(socket.AF_UNIX); s.connect('/run/haproxy/llm-leases.sock')\n"
-            "s.sendall(sys.argv[1].encode() + b'\\n'); print(repr(s.recv(4096).decode().strip()))")
-    # as the socket's user, sandboxed as smem's unit is (ProtectSystem=strict: /run read-only)
-    as_nobody = ("systemd-run --quiet --wait --pipe -p User=nobody -p ProtectSystem=strict -p ProtectHome=yes"
-                 " -p PrivateTmp=yes python3 -c %s %s")
+
     def to(state):
-        line = "set server llm_workers/vca-node1 state " + state
-        return HOST.check_output(as_nobody % (shlex.quote(send), shlex.quote(line)))
+        return lease_state("vca-node1", state)
     assert to("drain") == "''"          # HAProxy's empty answer: done
     try:
         assert status()["vca-node1"] == "DRAIN"
@@ -169,3 +221,24 @@ def test_capacity_bench_short_run_ends_with_the_lab_table(tmp_path):
     table = (run / "table.md").read_text()
     assert "(platform: lab)" in table and "| card alone (2 nodes) | lab |" in table
     assert status() == {name: "UP" for name in WORKERS}      # every worker back in after the legs
+
+
+def test_capacity_bench_leaves_a_leased_worker_drained_and_skips_its_legs(tmp_path):
+    env = f"VCA_LAB_NAME={LAB} ANSIBLE_CONFIG={PROJECT}/ansible.cfg ANSIBLE_NOCOLOR=1"
+    extra = {"capacity_duration_s": 2, "capacity_users": 1, "capacity_max_tokens": 4, "capacity_transcode": False,
+             "capacity_scaling": False, "vca_bench_results_dir": str(tmp_path)}
+    assert lease_state("vca-node1", "drain") == "''"        # as smem's lease of node 1 (a farm job) does
+    try:
+        LOCAL.check_output(f"cd {PROJECT} && {env} ansible-playbook -i {INVENTORY} playbooks/bench/capacity.yml"
+                           f" -e {shlex.quote(json.dumps(extra))}")
+        assert status()["vca-node1"] == "DRAIN"                # still the lease's, after every leg
+        assert json.loads(HOST.check_output("llm-workers-status --admin"))["vca-node1"] == "drain"
+        (run,) = list(tmp_path.glob("capacity-*"))
+        legs = {leg["name"]: leg for leg in json.loads((run / "record.json").read_text())["legs"]}
+        assert legs["host"]["tok_s"] > 0                       # the host's leg ran
+        for name in ("card", "both"):                          # node 1's legs did not take it from its holder
+            assert "vca-node1" in legs[name].get("reason", ""), legs[name]
+    finally:
+        lease_state("vca-node1", "ready")
+    wait_for(lambda s: s["vca-node1"] == "UP", "node 1 returned")
+

@@ -91,12 +91,17 @@ KEYS = "/var/lib/vcafleet/host-keys"
 LAB_SSH = Path("/var/lib/vcafleet-lab") / LAB / "ssh"
 
 
+def link_ip(name):
+    """A node's link address, the name SSH knows it by (as on a card: node n at 172.31.(n+1).1)."""
+    return "172.31.%d.1" % (int(name.removeprefix("node")) + 1)
+
+
 def lab_ssh(name, command, known_hosts=None):
     """ssh to a lab node as Ansible does: the lab's -F config (strict host key checking), through the host."""
     argv = ["ssh", "-F", str(LAB_SSH / "config"), "-o", f"ProxyJump=root@{LAB}-host"]
     if known_hosts:
         argv += ["-o", f"UserKnownHostsFile={known_hosts}"]
-    return subprocess.run([*argv, f"root@{LAB}-{name}", command], capture_output=True, text=True, timeout=60,
+    return subprocess.run([*argv, f"root@{link_ip(name)}", command], capture_output=True, text=True, timeout=60,
                           check=False)
 
 
@@ -116,7 +121,7 @@ def test_reimaged_nodes_are_reached_over_ssh_with_their_stored_host_key(host, tm
         stored = host.file(store + ".pub").content_string.split()[:2]
         # the container took the disk's host key, and the controller's known_hosts has that one
         assert node(name).file("/etc/ssh/ssh_host_ed25519_key.pub").content_string.split()[:2] == stored
-        assert f"{LAB}-{name} {' '.join(stored)}" in known
+        assert f"{link_ip(name)} {' '.join(stored)}" in known
         done = lab_ssh(name, "cat /etc/hostname")
         assert done.returncode == 0 and done.stdout.strip() == f"vca-{name}", done.stderr
         # the disk admits the fleet as the admin user, with the modes and owner sshd's StrictModes wants
@@ -129,8 +134,8 @@ def test_reimaged_nodes_are_reached_over_ssh_with_their_stored_host_key(host, tm
     # the check is real: with node 0 listed under another key, the login is refused
     wrong = tmp_path / "known_hosts"
     other = host.file(f"{KEYS}/vca-node1/ssh_host_ed25519_key.pub").content_string.split()[:2]
-    wrong.write_text("".join(line + "\n" for line in known.splitlines() if not line.startswith(f"{LAB}-node0 "))
-                     + f"{LAB}-node0 {' '.join(other)}\n")
+    wrong.write_text("".join(line + "\n" for line in known.splitlines() if not line.startswith("172.31.1.1 "))
+                     + f"172.31.1.1 {' '.join(other)}\n")
     refused = lab_ssh("node0", "true", known_hosts=wrong)
     assert refused.returncode != 0 and "host key" in refused.stderr.lower(), refused.stderr
 

@@ -11,6 +11,7 @@ import re
 import shlex
 import time
 import tomllib
+from pathlib import Path
 
 import pytest
 import testinfra
@@ -18,6 +19,7 @@ import testinfra
 LAB = os.environ.get("VCA_LAB_NAME", "vcamolsmem")
 URL = f"http://{LAB}-host:8787"
 LOCAL = testinfra.get_host("local://")
+CREDENTIALS = Path("/var/lib/vcafleet-lab") / LAB / "credentials"
 DB = "/var/lib/smem/smem.db"
 CONFIG = "/etc/smem/smem.toml"
 DOCS = [
@@ -50,13 +52,24 @@ def api(method: str, path: str, token: str | None, body: dict | None = None):
     return status, data
 
 
+def node_ip(node: str) -> str:
+    """A node's link address, as on a card (node n at 172.31.(n+1).1)."""
+    return "172.31.%d.1" % (int(node.removeprefix("node")) + 1)
+
+
+def node_key(node: str) -> str:
+    """The key smem's servers on that node take (made once on the controller, in the lab's state)."""
+    return (CREDENTIALS / f"llama-smem-vca-{node}").read_text().split()[0]
+
+
 def metric(node: str, port: int, name: str) -> float:
-    """A counter of a node's llama-server (/metrics, Prometheus text), read from the host."""
+    """A counter of a node's llama-server (/metrics, Prometheus text, behind its key), read from the host."""
     script = ("import sys, httpx\n"
-              "for line in httpx.get(sys.argv[1], timeout=30).text.splitlines():\n"
+              "r = httpx.get(sys.argv[1], timeout=30, headers={'Authorization': 'Bearer ' + sys.argv[3]})\n"
+              "for line in r.raise_for_status().text.splitlines():\n"
               "    if line.startswith('llamacpp:' + sys.argv[2] + ' '): print(line.split()[1])")
-    out = HOST.check_output("/opt/smem/venv/bin/python -c %s %s %s" % (
-        shlex.quote(script), f"http://{LAB}-{node}:{port}/metrics", name))
+    out = HOST.check_output("/opt/smem/venv/bin/python -c %s %s %s %s" % (
+        shlex.quote(script), f"http://{node_ip(node)}:{port}/metrics", name, shlex.quote(node_key(node))))
     return float(out)
 
 
@@ -90,7 +103,7 @@ def test_config_names_the_live_lane_nodes_and_served_models():
     assert set(cfg["lanes"]["interactive"]["nodes"]) == {"vca-node0", "vca-node1"}
     assert set(cfg["lanes"]["background"]["nodes"]) == {"vca-node4"}   # node 3 is dead
     assert cfg["lanes"]["background"]["nodes"]["vca-node4"] == {
-        "embed": f"http://{LAB}-node4:8410", "chat": f"http://{LAB}-node4:8411"}
+        "embed": "http://172.31.5.1:8410", "chat": "http://172.31.5.1:8411"}
     assert set(cfg["models"]) == {"embed", "chat"}                       # the lab ships no reranker
     assert HOST.file(CONFIG).mode == 0o640 and HOST.file("/etc/smem/admin.token").mode == 0o600
 

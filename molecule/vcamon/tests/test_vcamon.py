@@ -10,12 +10,14 @@ import json
 import os
 import re
 import time
+from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
 import testinfra
 
 LAB = os.environ.get("VCA_LAB_NAME", "vcamolmon")
+STATE = Path("/var/lib/vcafleet-lab") / LAB        # the lab's state: its credentials, the host's LAN address
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +35,20 @@ def unit_listen(machine, unit):
     return re.search(r"--listen (\S+)", text).group(1)
 
 
-def fetch(host, url):
-    """url fetched from inside the lab host, as text."""
+def fetch(host, url, token=None):
+    """url fetched from inside the lab host, as text (with Authorization: Bearer token, if given)."""
+    headers = {"Authorization": "Bearer " + token} if token else {}
     return host.check_output("python3 -c %s" % json.dumps(
-        "import urllib.request as u; print(u.urlopen(%r, timeout=10).read().decode())" % url))
+        "import urllib.request as u; print(u.urlopen(u.Request(%r, headers=%r), timeout=10).read().decode())"
+        % (url, headers)))
+
+
+def status_of(host, url):
+    """The HTTP status of a request without credentials, from inside the lab host."""
+    return int(host.check_output("python3 -c %s" % json.dumps(
+        "import urllib.request as u, urllib.error as e\n"
+        "try: print(u.urlopen(%r, timeout=10).status)\n"
+        "except e.HTTPError as x: print(x.code)" % url)))
 
 
 def sql(host, query):
@@ -102,9 +114,10 @@ def test_agents_listen_where_the_collector_scrapes_them_and_nowhere_else(host, c
     assert unit_listen(host, "vcamon-agent.service") == targets["host"]
     assert not host.socket("tcp://0.0.0.0:9478").is_listening
     for node in LIVE - {"host"}:
-        machine = testinfra.get_host(f"docker://{LAB}-node{node[-1]}")
-        assert unit_listen(machine, "vcamon-agent.service") == targets[node] == f"{LAB}-node{node[-1]}:9478"
-        address = machine.check_output(f"getent ahostsv4 {LAB}-node{node[-1]}").split()[0]
+        n = int(node[-1])
+        machine = testinfra.get_host(f"docker://{LAB}-node{n}")
+        address = f"172.31.{n + 1}.1"                          # its link address, as on a card
+        assert unit_listen(machine, "vcamon-agent.service") == targets[node] == f"{address}:9478"
         assert machine.socket(f"tcp://{address}:9478").is_listening
         assert not machine.socket("tcp://0.0.0.0:9478").is_listening
         assert not machine.socket("tcp://127.0.0.1:9478").is_listening
@@ -112,9 +125,12 @@ def test_agents_listen_where_the_collector_scrapes_them_and_nowhere_else(host, c
 
 def test_page_and_chart_api(host, collected):
     listen = unit_listen(host, "vcamon-collector.service")
-    assert listen == f"{LAB}-host:9480"                      # inventory/lab/group_vars/vca_host/vcamon.yml
+    lan = (STATE / "lan-address").read_text().strip()
+    assert listen == f"{lan}:9480"                           # inventory/lab/group_vars/vca_host/vcamon.yml
     assert not host.socket("tcp://0.0.0.0:9480").is_listening
-    page = fetch(host, f"http://{listen}/")
+    token = (STATE / "credentials" / "vcamon-web-token").read_text().split()[0]
+    assert status_of(host, f"http://{listen}/") == 401      # on the LAN: a token, or nothing
+    page = fetch(host, f"http://{listen}/", token)
     assert "/static/vendor/uPlot.iife.min.js" in page
-    chart = json.loads(fetch(host, f"http://{listen}/api/chart?node=vca-node4&range=1h"))
+    chart = json.loads(fetch(host, f"http://{listen}/api/chart?node=vca-node4&range=1h", token))
     assert len(chart["t"]) >= 3 and chart["temps"] and chart["platforms"] == ["lab"]
