@@ -5,9 +5,9 @@ module: vca_exposure
 short_description: The fleet's declared listening sockets, evaluated from the roles and the inventory
 description:
   - Reads every role's C(meta/exposure.yml) (a list C(sockets)) and evaluates each socket for each
-    machine it lives on, with that machine's variables over the role's C(defaults/main.yml): the same
+    machine it lives on, with that machine's variables over the role's C(defaults/main.yml); the same
     values the role itself uses when it binds the socket. Then the inventory's own rows
-    (C(vca_exposure_extra) of the host the task runs for: the lab's, or a LAN opening an owner adds).
+    (C(vca_exposure_extra) of the host the task runs for; the lab's, or a LAN opening an owner adds).
   - A socket declaration has C(service), C(machines) (inventory hosts it listens on), C(proto) (tcp or
     udp), C(address) (an address, a list of them, or C(*) for a declared wildcard bind), C(port) (or
     C(any)), C(clients) (inventory hosts allowed to connect, or the words C(lan) and C(loopback)),
