@@ -35,6 +35,15 @@ llama_server_env() {
         && export SMEM_LLAMA_SERVER SMEM_TEST_GGUF
 }
 
+# docs/EXPOSURE.md is made from the roles' declarations: a check run that would change it fails.
+exposure_doc_current() {
+    local out
+    out=$(ansible-playbook -i inventory/production playbooks/exposure.yml --tags doc --check) || { echo "$out"; return 1; }
+    grep -Eq '^localhost +: .*changed=0 ' <<<"$out" && return 0
+    echo "docs/EXPOSURE.md is out of date: ansible-playbook -i inventory/production playbooks/exposure.yml --tags doc"
+    return 1
+}
+
 beside=""
 if [[ "${VCA_TEST_LANES:-2}" != 1 && "$all_groups" == *" molecule "* ]]; then
     for g in fresh image; do
@@ -54,6 +63,7 @@ for g in $groups; do
         step yamllint yamllint --strict .
         step ansible-lint ansible-lint --profile production
         step ruff ruff check .
+        step exposure-doc exposure_doc_current
         ;;
     unit)
         if [[ "$all_groups" == *" fresh "* ]]; then
