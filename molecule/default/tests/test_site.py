@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shlex
+import time
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,173 @@ def test_dma_bench_says_no_engine_and_gives_no_figure(tmp_path):
         assert result["looked_for"] and "record" not in result, (host, result)
     table = (run / "table.md").read_text()
     assert "no figure was measured" in table and "| from | to |" not in table   # no leg, no figure
+
+
+# -- the fleet closed by default (docs/EXPOSURE.md) -----------------------------------------------
+def exposure(tmp_path, *tags):
+    env = f"VCA_LAB_NAME={LAB} ANSIBLE_CONFIG={PROJECT}/ansible.cfg ANSIBLE_NOCOLOR=1"
+    run = LOCAL.run(f"cd {PROJECT} && {env} ansible-playbook -i {INVENTORY} playbooks/exposure.yml"
+                    f" -e vca_exposure_dir={tmp_path}" + "".join(f" --tags {t}" for t in tags))
+    return run, tmp_path
+
+
+@pytest.fixture(scope="module")
+def audited(tmp_path_factory):
+    """The audit and the scan from the neighbour, once: what was declared, found and scanned."""
+    run, out = exposure(tmp_path_factory.mktemp("exposure"))
+    assert run.rc == 0, run.stdout[-6000:]
+    print("\n" + "\n".join(line.strip() for line in run.stdout.splitlines()
+                           if "exposure:" in line or "connects in" in line))   # the note's summary
+    return json.loads((out / "audit.json").read_text()), json.loads((out / "scan-lan-neighbour.json").read_text())
+
+
+def test_every_listening_socket_is_declared_and_every_declared_one_listens(audited):
+    (result, _) = audited
+    audit = result["audit"]
+    assert audit["ok"] and audit["unlisted"] == [] and audit["wildcard"] == []
+    assert audit["missing"] == [], audit["missing"]          # the table is not stale either
+    machines = {m["machine"] for m in audit["matched"]}
+    assert machines == {"vca-host", "vca-node0", "vca-node4"}
+    assert audit["summary"]["found"] >= audit["summary"]["declared"] > 20
+
+
+def test_the_lan_reaches_no_node_no_link_and_only_the_declared_host_ports(audited):
+    (result, scan) = audited
+    lan = (Path("/var/lib/vcafleet-lab") / LAB / "lan-address").read_text().strip()
+    for target in ("172.31.1.1", "172.31.5.1", "172.31.1.254", "172.31.5.254"):
+        assert scan["targets"][target]["open"] == [], (target, scan["targets"][target])
+        assert scan["targets"][target]["scanned"] == 65535
+    declared = sorted({r["port"] for r in result["declared"] if r["machine"] == "vca-host" and r["proto"] == "tcp"
+                       and "lan" in r["clients"] and r["address"] in ("*", lan)})
+    assert declared == [22, 8787, 9480]                       # sshd, smem, vcamon's page (inventory/lab)
+    assert scan["targets"][lan]["open"] == declared
+
+
+def test_a_listener_added_by_hand_fails_the_audit(tmp_path):
+    node = machine("node4")
+    node.check_output("systemd-run --unit=molecule-rogue --quiet python3 -m http.server 18999 --bind 0.0.0.0")
+    try:
+        for _ in range(50):
+            if node.socket("tcp://0.0.0.0:18999").is_listening:
+                break
+            time.sleep(0.2)
+        run, _ = exposure(tmp_path, "audit")
+        assert run.rc != 0
+        assert "vca-node4 tcp 0.0.0.0:18999" in run.stdout and "a wildcard bind" in run.stdout, run.stdout[-3000:]
+    finally:
+        node.run("systemctl stop molecule-rogue")
+
+
+PROBE = r"""
+import json, socket, subprocess, sys, urllib.error, urllib.request
+kind, address, port, path = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+def connect():
+    s = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET); s.settimeout(3)
+    try:
+        s.connect((address, port)); return "open"
+    except ConnectionRefusedError:
+        return "refused"
+    except OSError as e:
+        return "filtered: %s" % e
+if kind == "http":
+    host = address if ":" not in address else "[%s]" % address
+    try:
+        print(urllib.request.urlopen("http://%s:%d%s" % (host, port, path), timeout=30).status)
+    except urllib.error.HTTPError as e:
+        print(e.code)
+elif kind == "ssh":
+    r = subprocess.run(["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o", "IdentitiesOnly=yes",
+                        "-o", "UserKnownHostsFile=/dev/null", "-i", "/nonexistent", "-o", "ConnectTimeout=10",
+                        "-p", str(port), "nobody@" + address, "true"], capture_output=True, text=True)
+    denied = r.returncode == 255 and "Permission denied" in r.stderr
+    print("refused" if denied else "ssh: %d %s" % (r.returncode, r.stderr))
+elif kind == "amqp":                            # AMQP 0-9-1 by hand: log in as guest, whom the role removed
+    import struct
+    s = socket.create_connection((address, port), 10); s.settimeout(10)
+    s.sendall(b"AMQP\x00\x00\x09\x01")
+    head = s.recv(7); body = b""
+    while len(body) < struct.unpack(">I", head[3:7])[0] + 1:
+        body += s.recv(65536)
+    def short(x): return bytes([len(x)]) + x
+    resp = b"\x00guest\x00guest"
+    args = struct.pack(">HH", 10, 11) + struct.pack(">I", 0) + short(b"PLAIN") + struct.pack(">I", len(resp)) \
+        + resp + short(b"en_US")
+    s.sendall(struct.pack(">BHI", 1, 0, len(args)) + args + b"\xce")
+    got = b""
+    try:
+        while chunk := s.recv(65536):
+            got += chunk
+    except OSError:
+        pass
+    print("refused" if b"ACCESS_REFUSED" in got or not got else "amqp: %r" % got[:60])
+elif kind == "dns":
+    q = bytes.fromhex("12340100000100000000000007766361686f73740000010001")
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(5)
+    try:
+        u.sendto(q, (address, port)); print("answers" if u.recv(512)[:2] == b"\x12\x34" else "garbled")
+    except OSError:
+        print("silent")
+else:
+    print(connect())
+"""
+
+
+def probe(where: str, kind: str, address: str, port: int, path: str = "/") -> str:
+    return machine(where).check_output(f"python3 -c {shlex.quote(PROBE)} {kind} {address} {port} {shlex.quote(path)}")
+
+
+def test_each_declared_service_refuses_a_request_without_its_credential(audited):
+    (result, _) = audited
+    short = {"vca-host": "host", "vca-node0": "node0", "vca-node4": "node4", "lan-neighbour": "neighbour"}
+    seen = set()
+    for row in result["declared"]:
+        kind = next(iter(row["probe"]), None)
+        assert kind, f"{row['service']} on {row['machine']} says nothing of how to show it refuses"
+        if row["port"] == "any":       # Docker's resolver: where it listens is the audit's business
+            assert all(m["address"] == row["address"] for m in result["audit"]["matched"]
+                       if m["service"] == row["service"])
+            continue
+        peers = [c for c in row["clients"] if c in short and c != row["machine"]]
+        # from where the table says one may connect: the machine itself, an allowed peer, the LAN
+        where = (row["machine"] if "loopback" in row["clients"] and row["address"] in ("*", "127.0.0.1")
+                 else peers[0] if peers else "lan-neighbour" if "lan" in row["clients"] else row["machine"])
+        address = "127.0.0.1" if row["address"] == "*" and where == row["machine"] else row["address"]
+        if address == "*":
+            address = {"vca-node0": "172.31.1.1", "vca-node4": "172.31.5.1"}.get(row["machine"], address)
+        got = probe(short[where], kind, address, row["port"], row["probe"].get(kind, "/") if kind == "http" else "/")
+        label = f"{row['service']} on {row['machine']} {address}:{row['port']} from {where}"
+        if kind == "http":
+            assert got in ("401", "403"), (label, got)
+        elif kind == "ssh":
+            assert got == "refused", (label, got)
+        elif kind == "amqp":
+            assert got == "refused", (label, got)
+        elif kind == "dns":
+            assert got == "answers", (label, got)      # no credential: names only, and only to the nodes...
+            assert probe("neighbour", "dns", address, row["port"]) == "silent", label   # ...never the LAN
+        elif kind == "loopback":
+            other = "node0" if row["machine"] == "vca-host" else "host"
+            outside = "172.31.1.254" if row["machine"] == "vca-host" else row["address"]
+            assert probe(other, "connect", outside, row["port"]) != "open", label
+        seen.add(row["service"])
+    assert len(seen) >= 10, sorted(seen)
+
+
+RULE = "ip saddr . meta l4proto . th dport @node_to_host accept"      # what the nodes may reach on the host
+
+
+def test_check_mode_shows_the_firewalls_difference_and_changes_nothing():
+    host = machine("host")
+    ruleset = "/etc/vcafleet/firewall.nft"
+    host.check_output(f"sed -i 's/^\\(\\s*\\){RULE}$/\\1# opened by hand/' {ruleset}")
+    tampered = host.file(ruleset).content_string
+    assert "# opened by hand" in tampered
+    try:
+        env = f"VCA_LAB_NAME={LAB} ANSIBLE_CONFIG={PROJECT}/ansible.cfg ANSIBLE_NOCOLOR=1 ANSIBLE_FORCE_COLOR=0"
+        run = LOCAL.run(f"cd {PROJECT} && {env} ansible-playbook -i {INVENTORY} site.yml --check --diff --tags host")
+        assert run.rc == 0, run.stdout[-3000:]
+        assert "-\t\t# opened by hand" in run.stdout and f"+\t\t{RULE}" in run.stdout, run.stdout[-3000:]
+        assert re.search(r"^vca-host\s+: ok=\d+\s+changed=[1-9]", run.stdout, re.M), run.stdout[-1500:]
+        assert host.file(ruleset).content_string == tampered          # check mode changed nothing
+    finally:
+        host.check_output(f"sed -i 's/^\\(\\s*\\)# opened by hand$/\\1{RULE}/' {ruleset}")
