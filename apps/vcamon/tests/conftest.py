@@ -26,12 +26,26 @@ def node_tree(tmp_path):
     return tree
 
 
-@pytest.fixture
-def agent(node_tree):
-    """A real agent serving node_tree on a free port; yields its /metrics URL."""
-    server, stop = start_agent("127.0.0.1:0", "vca-node0", str(node_tree.root), sample_interval=0.2)
+AGENT_TOKEN = "agent-token-0123456789abcdef"       # made up for the tests; no deployment uses it
+
+
+def serving(node_tree, token=None):
+    """A real agent serving node_tree on a free port (with token: only to requests that carry it)."""
+    server, stop = start_agent("127.0.0.1:0", "vca-node0", str(node_tree.root), sample_interval=0.2, token=token)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield "http://127.0.0.1:%d/metrics" % server.server_address[1]
     stop.set()
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture
+def agent(node_tree):
+    """An agent without a token; yields its /metrics URL."""
+    yield from serving(node_tree)
+
+
+@pytest.fixture
+def locked_agent(node_tree):
+    """An agent that wants AGENT_TOKEN; yields its /metrics URL."""
+    yield from serving(node_tree, AGENT_TOKEN)

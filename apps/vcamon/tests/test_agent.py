@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 import threading
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
+from conftest import AGENT_TOKEN
 from vcamon import agent as agent_module
 from vcamon.agent import PowerMeter, Sensors, exposition, start_agent
-from vcamon.cli import parser
+from vcamon.cli import main, parser
 from vcamon.collector import parse
 from vcamon.hw.vca_sensors import read_all
 from vcamon.store import PLATFORMS
+
+APP_SRC = Path(__file__).resolve().parent.parent / "src"
 
 
 def metrics(tree, **kw):
@@ -172,3 +180,80 @@ def test_agent_listens_on_loopback_unless_told_otherwise(node_tree):
         finally:
             stop.set()
             server.server_close()
+
+
+def get(url, headers=None):
+    """One GET: (status, headers, body), a 4xx/5xx answer included."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=30) as resp:
+            return resp.status, resp.headers, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, exc.headers, exc.read().decode()
+
+
+@pytest.mark.parametrize("headers", [
+    {},                                                     # no token at all
+    {"Authorization": "Bearer " + AGENT_TOKEN[:-1]},        # one character short
+    {"Authorization": "Bearer " + AGENT_TOKEN + "x"},       # one too many
+    {"Authorization": "Bearer " + AGENT_TOKEN.upper()},
+    {"Authorization": "Bearer"},
+    {"Authorization": "Basic " + AGENT_TOKEN},              # the right secret, the wrong scheme
+    {"Authorization": AGENT_TOKEN},
+])
+def test_an_agent_with_a_token_refuses_a_request_without_it(locked_agent, headers):
+    for url in (locked_agent, locked_agent.replace("/metrics", "/"), locked_agent.replace("/metrics", "/nope")):
+        status, answer, body = get(url, headers)
+        assert status == 401, (url, headers)
+        assert answer["WWW-Authenticate"].startswith("Bearer")
+        assert "token is required" in body and "vcamon_" not in body     # a short word, not a figure
+
+
+def test_an_agent_with_a_token_answers_the_right_one(locked_agent):
+    for scheme in ("Bearer", "bearer"):
+        status, answer, body = get(locked_agent, {"Authorization": "%s %s" % (scheme, AGENT_TOKEN)})
+        assert status == 200 and answer["Content-Type"].startswith("text/plain; version=0.0.4")
+        assert 'vcamon_agent_info{node="vca-node0"} 1.0' in body
+    assert get(locked_agent.replace("/metrics", "/nope"), {"Authorization": "Bearer " + AGENT_TOKEN})[0] == 404
+
+
+def test_an_agent_without_a_token_answers_anyone(agent):
+    status, _, body = get(agent)
+    assert status == 200 and "vcamon_agent_info" in body
+
+
+@pytest.mark.parametrize("token", ["", "short", "has space in it 0123456789"])
+def test_an_agent_is_not_started_with_a_bad_token(node_tree, token):
+    with pytest.raises(ValueError, match="at least 16"):
+        start_agent("127.0.0.1:0", "n", str(node_tree.root), token=token)
+
+
+def test_the_token_file_reaches_the_agent(node_tree, tmp_path, monkeypatch):
+    (tmp_path / "token").write_text(AGENT_TOKEN + "\n")
+    seen = {}
+    monkeypatch.setattr(agent_module, "serve", lambda *args, token=None: seen.update(args=args, token=token))
+    assert main(["agent", "--node", "n", "--listen", "127.0.0.1:0", "--token-file", str(tmp_path / "token")]) == 0
+    assert seen["token"] == AGENT_TOKEN
+    main(["agent", "--node", "n", "--listen", "127.0.0.1:0"])
+    assert seen["token"] is None                          # no --token-file: as before, open
+
+
+def test_a_missing_empty_or_unreadable_token_file_stops_the_agent(node_tree, tmp_path):
+    (tmp_path / "empty").write_text("\n")
+    (tmp_path / "short").write_text("abc\n")
+    (tmp_path / "two-lines").write_text(AGENT_TOKEN + "\n" + AGENT_TOKEN + "\n")
+    (tmp_path / "binary").write_bytes(b"\xff\xfe" + AGENT_TOKEN.encode())
+    (tmp_path / "a-directory").mkdir()
+    env = dict(os.environ, PYTHONPATH=str(APP_SRC))
+    for name, words in (("missing", "No such file"), ("empty", "is empty"), ("short", "at least 16"),
+                        ("two-lines", "at least 16"), ("binary", "not a line of text"),
+                        ("a-directory", "Is a directory")):
+        path = tmp_path / name
+        # An agent that started anyway would serve on: the timeout makes that a failure.
+        proc = subprocess.run([sys.executable, "-m", "vcamon", "agent", "--node", "n", "--listen", "127.0.0.1:0",
+                               "--sysfs-root", str(node_tree.root), "--token-file", str(path)],
+                              check=False, env=env, capture_output=True, text=True, timeout=30)
+        lines = proc.stderr.splitlines()
+        assert proc.returncode != 0, name
+        assert len(lines) == 1 and lines[0].startswith("vcamon agent: token file %s" % path), (name, lines)
+        assert words in lines[0] and AGENT_TOKEN not in lines[0], (name, lines)

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import json
+import logging
 import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
-from vcamon.collector import Collector, load_targets
+from conftest import AGENT_TOKEN
+from vcamon.cli import main
+from vcamon.collector import Collector, load_targets, scrape
 from vcamon.hw.vca_sensors import read_all
-from vcamon.store import Store
+from vcamon.store import AUTH_FAILED, Store
 
 
 def dead_url():
@@ -56,3 +62,107 @@ def test_targets_file_round_trip(tmp_path):
     path = tmp_path / "targets.json"
     path.write_text(json.dumps([{"node": "host", "url": "http://127.0.0.1:9478/metrics"}]))
     assert load_targets(str(path))[0]["node"] == "host"
+
+
+def token_file(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_the_collector_sends_each_target_its_token_and_names_a_refusal(locked_agent, agent, tmp_path, capsys):
+    store = Store(str(tmp_path / "db"))
+    targets = [
+        {"node": "right", "url": locked_agent, "token_file": token_file(tmp_path, "right", AGENT_TOKEN + "\n")},
+        {"node": "wrong", "url": locked_agent, "token_file": token_file(tmp_path, "wrong", "x" * 32 + "\n")},
+        {"node": "none", "url": locked_agent},
+        {"node": "open", "url": agent, "token_file": token_file(tmp_path, "open", AGENT_TOKEN)},  # sent, not needed
+        {"node": "dead", "url": dead_url()},
+    ]
+    collector = Collector(store, targets, interval=1.0)
+    results = {r.node: r for r in collector.round(now=1_700_000_000)}
+    assert results["right"].ok and results["right"].temps and results["open"].ok
+    assert results["wrong"].error == ("authentication failed: the agent refused the token in %s (HTTP 401)"
+                                      % targets[1]["token_file"])
+    assert results["none"].error == ("authentication failed: the agent wants a token and this target has no "
+                                     "token_file (HTTP 401)")
+    assert "Connection refused" in results["dead"].error and AUTH_FAILED not in results["dead"].error
+    status = {r["node"]: r for r in store.status(1_700_000_000)}
+    assert {n for n, r in status.items() if r["auth_failed"]} == {"wrong", "none"}
+    store.close()
+
+    assert main(["status", "--db", str(tmp_path / "db")]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in out.partition("\n\n")[0].splitlines()[1:]}
+    assert {n: r[1] for n, r in rows.items()} == {"right": "up", "open": "up", "wrong": "AUTH-FAIL",
+                                                  "none": "AUTH-FAIL", "dead": "DOWN"}
+    assert "AUTH-FAIL wrong: authentication failed: the agent refused the token in %s" % targets[1]["token_file"] in out
+    assert AGENT_TOKEN not in out and "x" * 32 not in out
+
+
+def test_a_token_file_that_cannot_be_read_is_that_targets_error_only(locked_agent, tmp_path, caplog):
+    (tmp_path / "a-directory").mkdir()
+    bad = {"missing": str(tmp_path / "missing"), "empty": token_file(tmp_path, "empty", "\n"),
+           "short": token_file(tmp_path, "short", "abc"), "a-directory": str(tmp_path / "a-directory")}
+    targets = [{"node": name, "url": dead_url(), "token_file": path} for name, path in bad.items()]
+    targets.append({"node": "good", "url": locked_agent,
+                    "token_file": token_file(tmp_path, "good", AGENT_TOKEN)})
+    with caplog.at_level(logging.ERROR, logger="vcamon.collector"):
+        collector = Collector(Store(str(tmp_path / "db")), targets, interval=1.0)
+    logged = {r.getMessage().split(":")[0] for r in caplog.records if r.levelno == logging.ERROR}
+    assert logged == set(bad)                                            # one clear line per bad target, at start
+    results = {r.node: r for r in collector.round(now=1_700_000_000)}
+    assert results["good"].ok
+    for name, words in (("missing", "No such file"), ("empty", "is empty"), ("short", "at least 16"),
+                        ("a-directory", "Is a directory")):
+        error = results[name].error
+        assert error.startswith("authentication failed: no token to send (token file %s" % bad[name]), error
+        assert words in error and "Connection refused" not in error      # nothing was sent without the token
+
+
+def test_a_token_file_is_read_once_at_start(locked_agent, tmp_path):
+    path = token_file(tmp_path, "token", AGENT_TOKEN)
+    collector = Collector(Store(str(tmp_path / "db")), [{"node": "n", "url": locked_agent, "token_file": path}], 1.0)
+    Path(path).write_text("y" * 32)
+    assert collector.round(now=1_700_000_000)[0].ok
+
+
+def test_the_token_is_not_sent_on_to_a_redirect(tmp_path):
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append((self.path, self.headers.get("Authorization")))
+            if self.path == "/metrics":
+                self.send_response(302)
+                self.send_header("Location", "/elsewhere")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+            else:
+                body = b'vcamon_agent_info{node="n"} 1.0\n'
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = "http://127.0.0.1:%d/metrics" % server.server_address[1]
+        target = {"node": "n", "url": url, "token_file": token_file(tmp_path, "t", AGENT_TOKEN)}
+        assert scrape(target, 10, AGENT_TOKEN).ok
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == [("/metrics", "Bearer " + AGENT_TOKEN), ("/elsewhere", None)]
+
+
+@pytest.mark.parametrize("token_file_value", ["", None, 3, ["a"]])
+def test_a_token_file_that_is_not_a_path_is_a_clear_error(tmp_path, token_file_value):
+    path = tmp_path / "targets.json"
+    path.write_text(json.dumps([{"node": "a", "url": "u", "token_file": token_file_value}]))
+    with pytest.raises(ValueError, match="target 0: 'token_file' must be a path"):
+        load_targets(str(path))

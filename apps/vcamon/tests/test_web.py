@@ -17,8 +17,9 @@ from urllib.parse import urlparse
 import pytest
 from PIL import Image
 
+from vcamon.auth import read_token_file
 from vcamon.store import Scrape, Store
-from vcamon.web import read_token_file, start_web
+from vcamon.web import start_web
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 KEEP_SCREENSHOT = os.environ.get("VCAMON_KEEP_SCREENSHOT")   # a path: keep the page image to look at
@@ -224,3 +225,23 @@ def test_dot_dot_does_not_leave_static(site, path):
 def test_a_link_does_not_leave_static(site, path):
     status, _, body = request(site, path)
     assert status == 404 and b"secret" not in body
+
+
+def test_an_agent_that_refused_the_collector_shows_as_an_authentication_failure(tmp_path):
+    path = str(tmp_path / "vcamon.db")
+    store = Store(path)
+    refused = "authentication failed: the agent refused the token in /etc/vcamon/agent-tokens/vca-node4 (HTTP 401)"
+    store.record_round(int(time.time()) - 30, [Scrape(node="vca-node4", ok=False, error=refused),
+                                               Scrape(node="vca-node3", ok=False, error="URLError: timed out")])
+    store.close()
+    server = start_web("127.0.0.1:0", path)
+    try:
+        base = "http://127.0.0.1:%d" % server.server_address[1]
+        nodes = {n["node"]: n for n in json.loads(request(base, "/api/nodes")[2])["nodes"]}
+        assert nodes["vca-node4"]["auth_failed"] is True and nodes["vca-node3"]["auth_failed"] is False
+        _, rows = sections(chromium("--dump-dom", base + "/?range=1h").stdout)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert ">auth failed</td>" in rows["vca-node4"] and 'title="%s"' % refused in rows["vca-node4"]
+    assert ">down</td>" in rows["vca-node3"] and "auth failed" not in rows["vca-node3"]

@@ -8,6 +8,9 @@ vcamon_sensor_present says so), never reported as 0.
 However often it is asked, the agent runs `vcactl status` (on the host, as
 root) and decides its platform at most once per sample interval: both are
 cached with the time they were read.
+
+Given a token (--token-file), it answers only requests that carry it as
+``Authorization: Bearer <token>``; any other gets 401 and no figure.
 """
 
 from __future__ import annotations
@@ -21,10 +24,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from .auth import bearer, check_token, same
 from .hw.vca_sensors import constraints, coretemp, energy_delta_uj, rapl_package_zone, read_all, throttle_counts
 from .hw.vca_sysfs import Sysfs
 from .hw.vcactl import parse_status
-from .net import bind_address
+from .net import bind_address, is_loopback
 from .store import PLATFORMS
 
 LOG = logging.getLogger("vcamon.agent")
@@ -217,8 +221,14 @@ def exposition(sensors, node):
     return generate_latest(registry)
 
 
-def start_agent(listen, node, sysfs_root="/sys", vcactl=None, sample_interval=5.0, *, clock=time.monotonic):
-    """The agent's HTTP server (not yet serving) and the event that stops its power sampler."""
+def start_agent(listen, node, sysfs_root="/sys", vcactl=None, sample_interval=5.0, *, token=None,
+                clock=time.monotonic):
+    """The agent's HTTP server (not yet serving) and the event that stops its power sampler.
+
+    With token, every request must carry it (Authorization: Bearer), else 401.
+    """
+    if token is not None:
+        check_token(token)     # configured but empty or malformed: refuse to start, never serve it open
     sensors = Sensors(sysfs_root, vcactl, clock=clock, sample_interval=sample_interval)
     stop = threading.Event()
 
@@ -235,6 +245,15 @@ def start_agent(listen, node, sysfs_root="/sys", vcactl=None, sample_interval=5.
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):
+            if token and not same(bearer(self.headers), token):
+                body = b"vcamon agent: a token is required (Authorization: Bearer <token>)\n"
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", 'Bearer realm="vcamon-agent"')
+                self.send_header("Content-Type", "text/plain; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
             if self.path.split("?")[0] not in ("/metrics", "/"):
                 self.send_error(404)
                 return
@@ -254,13 +273,16 @@ def start_agent(listen, node, sysfs_root="/sys", vcactl=None, sample_interval=5.
             LOG.debug(fmt, *args)
 
     server = ThreadingHTTPServer(bind_address(listen), Handler)
+    if not token and not is_loopback(server.server_address[0]):
+        LOG.warning("the agent answers anyone who reaches %s: give it a token (--token-file)", server.server_address[0])
     return server, stop
 
 
-def serve(listen, node, sysfs_root="/sys", vcactl=None, sample_interval=5.0):
+def serve(listen, node, sysfs_root="/sys", vcactl=None, sample_interval=5.0, *, token=None):
     """Run the agent until interrupted."""
-    server, stop = start_agent(listen, node, sysfs_root, vcactl, sample_interval)
-    LOG.info("vcamon agent for %s on %s (%s:%d, sysfs %s)", node, listen, *server.server_address[:2], sysfs_root)
+    server, stop = start_agent(listen, node, sysfs_root, vcactl, sample_interval, token=token)
+    LOG.info("vcamon agent for %s on %s (%s:%d, sysfs %s)%s", node, listen, *server.server_address[:2], sysfs_root,
+             "; token required" if token else "")
     try:
         server.serve_forever()
     finally:

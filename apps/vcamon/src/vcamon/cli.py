@@ -9,9 +9,10 @@ import sys
 import time
 
 from . import agent, collector
+from .auth import read_token_file
 from .store import Store
 from .web import DEFAULT_LISTEN as WEB_LISTEN
-from .web import parse_span, read_token_file
+from .web import parse_span
 
 DEFAULT_DB = os.environ.get("VCAMON_DB", "/var/lib/vcamon/vcamon.db")
 PLATFORM_NOTES = {
@@ -40,7 +41,7 @@ def status_table(rows, now):
             "last seen")
     lines = [head]
     for r in rows:
-        agent = {True: "up", False: "DOWN", None: "-"}[r["up"]]
+        agent = "AUTH-FAIL" if r.get("auth_failed") else {True: "up", False: "DOWN", None: "-"}[r["up"]]
         seen = "%d s ago" % (now - r["last_seen"]) if r["last_seen"] else "never"
         lines.append((r["node"], agent, r.get("platform") or "-", _when(r["since"]), r["vca_state"] or "-",
                       _num(r["hottest_c"], "%.1f"), _num(r["power_w"], "%.1f"),
@@ -49,6 +50,7 @@ def status_table(rows, now):
     out = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in lines]
     seen_platforms = {r.get("platform") for r in rows}
     notes = [note for platform, note in PLATFORM_NOTES.items() if platform in seen_platforms]
+    notes += ["AUTH-FAIL %s: %s" % (r["node"], r["error"]) for r in rows if r.get("auth_failed")]
     out += ["", *notes] if notes else []
     return "\n".join(out)
 
@@ -72,10 +74,12 @@ def parser():
     a.add_argument("--vcactl", help="path of vcactl: on the host, report every node's state")
     a.add_argument("--sample-interval", type=float, default=5.0,
                    help="seconds between energy readings; vcactl and the platform are read at most this often")
+    a.add_argument("--token-file", help="a file holding this agent's token: every request must then carry it "
+                   "(Authorization: Bearer), else 401")
 
     c = sub.add_parser("collector", help="scrape the agents into SQLite and serve the web page")
     c.add_argument("--db", default=DEFAULT_DB)
-    c.add_argument("--targets", required=True, help="targets.json: [{node, url, vca_node}]")
+    c.add_argument("--targets", required=True, help="targets.json: [{node, url, vca_node, token_file}]")
     c.add_argument("--interval", type=float, default=30.0)
     c.add_argument("--listen", default=WEB_LISTEN, help="web page addr:port (default %(default)s; '' for none)")
     c.add_argument("--web-token-file", help="a file holding the page's token: every request must then carry it")
@@ -106,7 +110,11 @@ def main(argv=None):
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     now = int(time.time())
     if args.command == "agent":
-        agent.serve(args.listen, args.node, args.sysfs_root, args.vcactl, args.sample_interval)
+        try:
+            token = read_token_file(args.token_file) if args.token_file else None
+        except ValueError as exc:
+            sys.exit("vcamon agent: %s" % exc)
+        agent.serve(args.listen, args.node, args.sysfs_root, args.vcactl, args.sample_interval, token=token)
     elif args.command == "collector":
         os.makedirs(os.path.dirname(os.path.abspath(args.db)), exist_ok=True)
         try:

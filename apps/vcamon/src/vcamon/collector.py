@@ -1,4 +1,8 @@
-"""The collector: scrape every agent each interval into the store; keep going when one is down."""
+"""The collector: scrape every agent each interval into the store; keep going when one is down.
+
+A target with a token_file is sent that token (Authorization: Bearer). The file is read once, at start; one
+that cannot be read is that target's error (an authentication failure, every round) and no other target's.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +10,21 @@ import json
 import logging
 import threading
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from .store import Scrape, Store
+from .auth import read_token_file
+from .store import AUTH_FAILED, Scrape, Store
 from .web import start_web
 
 LOG = logging.getLogger("vcamon.collector")
 
 
 def load_targets(path):
-    """targets.json: [{"node": "vca-node0", "url": "http://...:9478/metrics", "vca_node": 0}, ...]."""
+    """targets.json: [{"node": "vca-node0", "url": "http://...:9478/metrics", "vca_node": 0, "token_file": ...}]."""
     with open(path) as fh:
         targets = json.load(fh)
     problems = []
@@ -27,6 +33,8 @@ def load_targets(path):
     for i, t in enumerate(targets):
         if not isinstance(t, dict) or not t.get("node") or not t.get("url"):
             problems.append("%s: target %d needs 'node' and 'url'" % (path, i))
+        elif "token_file" in t and not (isinstance(t["token_file"], str) and t["token_file"]):
+            problems.append("%s: target %d: 'token_file' must be a path" % (path, i))
     names = [t.get("node") for t in targets if isinstance(t, dict)]
     problems += ["%s: node %s listed twice" % (path, n) for n in sorted({n for n in names if names.count(n) > 1})]
     if problems:
@@ -55,12 +63,38 @@ def parse(node, text, url=""):
     return s
 
 
-def scrape(target, timeout):
-    start = time.monotonic()
+def target_token(target):
+    """(token, None) for a target: its token_file's token, or None without one; (None, error) when unreadable."""
+    if not target.get("token_file"):
+        return None, None
     try:
-        with urllib.request.urlopen(target["url"], timeout=timeout) as resp:
+        return read_token_file(target["token_file"]), None
+    except ValueError as exc:
+        return None, "%s: no token to send (%s; read at start: restart the collector once it is fixed)" % (
+            AUTH_FAILED, exc)
+
+
+def _refused(target, token):
+    if token:
+        return "%s: the agent refused the token in %s (HTTP 401)" % (AUTH_FAILED, target["token_file"])
+    return "%s: the agent wants a token and this target has no token_file (HTTP 401)" % AUTH_FAILED
+
+
+def scrape(target, timeout, token=None, token_error=None):
+    start = time.monotonic()
+    if token_error:
+        return Scrape(node=target["node"], url=target["url"], ok=False, error=token_error, duration_ms=0.0)
+    request = urllib.request.Request(target["url"])
+    if token:
+        request.add_unredirected_header("Authorization", "Bearer " + token)   # never sent on to a redirect
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
             text = resp.read().decode("utf-8")
         result = parse(target["node"], text, target["url"])
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        error = _refused(target, token) if exc.code == 401 else "HTTPError: %s" % exc
+        result = Scrape(node=target["node"], url=target["url"], ok=False, error=error)
     except Exception as exc:  # any failure is the node's state for this round, not the collector's end
         result = Scrape(node=target["node"], url=target["url"], ok=False, error="%s: %s" % (type(exc).__name__, exc))
     result.duration_ms = round((time.monotonic() - start) * 1000, 1)
@@ -75,13 +109,17 @@ class Collector:
         self.timeout = timeout or max(1.0, min(10.0, self.interval * 0.8))
         self.upkeep_every = upkeep_every
         self.vca_nodes = {t["vca_node"]: t["node"] for t in targets if t.get("vca_node") is not None}
+        self.tokens = {t["node"]: target_token(t) for t in targets}
+        for node, (_, error) in sorted(self.tokens.items()):
+            if error:
+                LOG.error("%s: %s", node, error)
         self.pool = ThreadPoolExecutor(max_workers=max(1, min(16, len(targets))))
         self.stop = threading.Event()
         self._last_upkeep = 0.0
 
     def round(self, now=None):
         now = time.time() if now is None else now
-        results = list(self.pool.map(lambda t: scrape(t, self.timeout), self.targets))
+        results = list(self.pool.map(lambda t: scrape(t, self.timeout, *self.tokens[t["node"]]), self.targets))
         self.store.record_round(now, results, self.vca_nodes)
         if now - self._last_upkeep >= self.upkeep_every:
             self.store.rollup(now)

@@ -23,6 +23,9 @@ DAY_S = 86400
 # Where a node's figures come from, as its agent reports it (the sensors reader's result["platform"]).
 # Anything else an agent says, or nothing (an older agent), is stored as unknown.
 PLATFORMS = ("hardware", "lab", "unknown")
+# How a scrape error starts when the collector could not authenticate to the agent (a 401, or no token to
+# send): `vcamon status` and the page show such a node as an authentication failure, not as merely down.
+AUTH_FAILED = "authentication failed"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS series (
@@ -374,6 +377,7 @@ class Store:
             out.append({
                 "node": node, "up": None if up is None else bool(up), "since": since, "last_seen": last_seen,
                 "error": last_error, "vca_state": vca_state, "platform": platform,
+                "auth_failed": not up and (last_error or "").startswith(AUTH_FAILED),
                 "hottest_c": max(temps) if temps else None, "power_w": latest.get("power:"),
                 "pl1_w": caps.get("long_term"), "pl2_w": caps.get("short_term"), "throttle_24h": throttled,
             })

@@ -9,7 +9,6 @@ same address without it). Without one, 401.
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import re
@@ -21,6 +20,7 @@ from importlib import resources
 from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlparse
 
+from ..auth import bearer, check_token, same
 from ..net import bind_address, is_loopback
 from ..store import Store
 
@@ -32,8 +32,6 @@ SPAN = re.compile(r"^(\d+)([smhdw])$")
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 DEFAULT_LISTEN = "127.0.0.1:9480"
 COOKIE = "vcamon_token"
-# URL- and cookie-safe, long enough not to be guessed (e.g. `openssl rand -hex 32`).
-TOKEN = re.compile(r"[A-Za-z0-9._~-]{16,}")
 TOKEN_IN_QUERY = re.compile(r"(token=)[^&\s]*")
 
 
@@ -45,19 +43,6 @@ def parse_span(text):
     return int(m.group(1)) * UNITS[m.group(2)]
 
 
-def check_token(token):
-    """The token itself, or a ValueError that says what a token must look like."""
-    if not TOKEN.fullmatch(token or ""):
-        raise ValueError("a page token is at least 16 of A-Z a-z 0-9 . _ ~ - (e.g. `openssl rand -hex 32`)")
-    return token
-
-
-def read_token_file(path):
-    """The token kept in path (one line). A missing, empty or malformed file is an error, never "no token"."""
-    with open(path) as fh:
-        return check_token(fh.read().strip())
-
-
 def static_file(root, rel):
     """The file under root that rel names, or None: whatever rel holds ('..', a link out), it stays under root."""
     top = root.resolve()
@@ -65,10 +50,6 @@ def static_file(root, rel):
     if item == top or not item.is_relative_to(top) or not item.is_file():
         return None
     return item
-
-
-def _same(given, token):
-    return given is not None and hmac.compare_digest(given.encode(), token.encode())
 
 
 def make_handler(db_path, token=None, static_root=STATIC):
@@ -105,10 +86,7 @@ def make_handler(db_path, token=None, static_root=STATIC):
             """No token configured: open. Otherwise the header, the cookie or ?token= must match."""
             if not token:
                 return True
-            scheme, _, given = self.headers.get("Authorization", "").partition(" ")
-            if scheme.lower() == "bearer" and _same(given.strip(), token):
-                return True
-            return _same(self._cookie_token(), token) or _same(q.get("token"), token)
+            return same(bearer(self.headers), token) or same(self._cookie_token(), token) or same(q.get("token"), token)
 
         def _refuse(self):
             self._send(401, b"vcamon: a token is required (Authorization: Bearer <token>, "

@@ -33,9 +33,11 @@ async function getJSON(url) {
   return resp.json();
 }
 
+const attr = text => String(text).replace(/[&<>"]/g, c => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"})[c]);
+
 function statusTable(nodes, now) {
   const rows = nodes.map(n => `<tr><td>${n.node}</td>
-    <td class="${n.up ? "" : "down"}">${n.up ? "up" : "down"}</td><td>${n.platform ? badge(n.platform) : "–"}</td>
+    <td class="${n.up ? "" : "down"}"${n.auth_failed ? ` title="${attr(n.error)}"` : ""}>${n.up ? "up" : n.auth_failed ? "auth failed" : "down"}</td><td>${n.platform ? badge(n.platform) : "–"}</td>
     <td>${n.vca_state || "–"}</td>
     <td>${fmt(n.hottest_c, 1)}</td><td>${fmt(n.power_w, 1)}</td><td>${fmt(n.pl1_w, 0)}/${fmt(n.pl2_w, 0)}</td>
     <td>${n.throttle_24h}</td><td>${n.last_seen ? (now - n.last_seen) + " s ago" : "never"}</td></tr>`);
