@@ -119,6 +119,7 @@ def test_agents_listen_where_the_collector_scrapes_them_and_nowhere_else(host, c
         address = f"172.31.{n + 1}.1"                          # its link address, as on a card
         assert unit_listen(machine, "vcamon-agent.service") == targets[node] == f"{address}:9478"
         assert machine.socket(f"tcp://{address}:9478").is_listening
+        assert status_of(host, f"http://{address}:9478/metrics") == 401      # the collector's token, or nothing
         assert not machine.socket("tcp://0.0.0.0:9478").is_listening
         assert not machine.socket("tcp://127.0.0.1:9478").is_listening
 
