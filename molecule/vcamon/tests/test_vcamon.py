@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -43,12 +44,18 @@ def fetch(host, url, token=None):
         % (url, headers)))
 
 
+STATUS = """
+import sys, urllib.request as u, urllib.error as e
+try:
+    print(u.urlopen(sys.argv[1], timeout=10).status)
+except e.HTTPError as x:
+    print(x.code)
+"""
+
+
 def status_of(host, url):
     """The HTTP status of a request without credentials, from inside the lab host."""
-    return int(host.check_output("python3 -c %s" % json.dumps(
-        "import urllib.request as u, urllib.error as e\n"
-        "try: print(u.urlopen(%r, timeout=10).status)\n"
-        "except e.HTTPError as x: print(x.code)" % url)))
+    return int(host.check_output("python3 -c %s %s" % (shlex.quote(STATUS), shlex.quote(url))))
 
 
 def sql(host, query):
