@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
+import socket
 import sys
 
 import uvicorn
@@ -12,14 +14,55 @@ import uvicorn
 from smem import __version__, auth, config, mcp_server
 from smem.service import Busy, build, open_db, take_lock
 
-PUBLIC = ("0.0.0.0", "::", "")
+log = logging.getLogger("smem.cli")
+BACKLOG = 2048   # uvicorn's default
 
 
 def parse_listen(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit():
+    if not sep or not port.isdigit() or int(port) > 65535:
         raise argparse.ArgumentTypeError("--listen is HOST:PORT, e.g. 127.0.0.1:8787")
     return host.strip("[]"), int(port)
+
+
+def show(host: str, port: int) -> str:
+    return "[%s]:%d" % (host, port) if ":" in host else "%s:%d" % (host, port)
+
+
+def resolve_listen(host: str, port: int) -> list[tuple[int, tuple]]:
+    """[(family, sockaddr)]: every address HOST names, in every family, as asyncio's create_server
+    would bind them (an empty host is every address)."""
+    try:
+        infos = socket.getaddrinfo(host or None, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as e:
+        raise ValueError("--listen %s: %r does not resolve (%s)" % (show(host, port), host, e)) from None
+    out: list[tuple[int, tuple]] = []
+    for family, _, _, _, sockaddr in infos:
+        if family in (socket.AF_INET, socket.AF_INET6) and (family, sockaddr) not in out:
+            out.append((family, sockaddr))
+    if not out:
+        raise ValueError("--listen %s: %r resolves to no IPv4 or IPv6 address" % (show(host, port), host))
+    return out
+
+
+def is_wildcard(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    mapped = getattr(ip, "ipv4_mapped", None)   # ::ffff:0.0.0.0
+    return ip.is_unspecified or (mapped is not None and mapped.is_unspecified)
+
+
+def listen_sockets(addresses: list[tuple[int, tuple]], backlog: int) -> list[socket.socket]:
+    """Bound, listening sockets on exactly the addresses that were checked: handing uvicorn the name
+    would resolve it again, and a second answer could differ from the one the guard saw."""
+    socks: list[socket.socket] = []
+    try:
+        for family, sockaddr in addresses:
+            socks.append(socket.create_server(sockaddr, family=family, backlog=backlog))
+    except OSError:
+        for s in socks:
+            s.close()
+        raise
+    return socks
 
 
 def serve(args) -> int:
@@ -29,19 +72,32 @@ def serve(args) -> int:
         print("smem: %s" % e, file=sys.stderr)
         return 2
     host, port = args.listen
-    if host in PUBLIC and not settings.allow_public_listen:
-        print("smem: refusing to listen on all interfaces (%r): set allow_public_listen = true in the config"
-              % host, file=sys.stderr)
+    try:
+        addresses = resolve_listen(host, port)
+    except ValueError as e:
+        print("smem: %s" % e, file=sys.stderr)
+        return 2
+    if any(is_wildcard(sa[0]) for _, sa in addresses) and not settings.allow_public_listen:
+        print("smem: refusing to listen on every address: --listen %s resolves to %s; to mean it, set"
+              " allow_public_listen = true in the config (the smem role: smem_allow_public_listen: true)"
+              % (show(host, port), ", ".join(sa[0] for _, sa in addresses)), file=sys.stderr)
         return 2
     try:
         lock = take_lock(args.db)
     except Busy as e:
         print("smem: %s" % e, file=sys.stderr)
         return 1
+    try:   # before build(), which may load a model: a port in use fails at once
+        socks = listen_sockets(addresses, BACKLOG)
+    except OSError as e:
+        print("smem: cannot listen on %s: %s" % (show(host, port), e.strerror or e), file=sys.stderr)
+        return 1
     app, _ = build(args.db, settings)
-    uvicorn.run(app, host=host, port=port, log_level=args.log_level, access_log=False)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=False, backlog=BACKLOG))
+    log.info("listening on %s", ", ".join(show(*s.getsockname()[:2]) for s in socks))
+    server.run(sockets=socks)
     del lock
-    return 0
+    return 0 if server.started else 1
 
 
 def token_create(args) -> int:

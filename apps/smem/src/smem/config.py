@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import tomllib
 from dataclasses import dataclass, field, fields
 
@@ -29,11 +31,15 @@ class Settings:
     retry_backoff_s: float = 2.0          # a failed stage waits retry_backoff_s * 2**attempts (at most 60 s)
     poll_interval_s: float = 0.5
     lease_wait_s: float = 5.0             # a job whose lane is all leased away looks again after this
-    allow_public_listen: bool = False     # listening on 0.0.0.0 / :: needs this, explicitly
+    allow_public_listen: bool = False     # listening on every address (0.0.0.0, ::, a name for one) needs this
     embedder: dict = field(default_factory=lambda: {"kind": "local"})   # without [lanes]
     models: dict | None = None            # [models] embed/chat/rerank: names (and the embedding dim)
     lanes: dict | None = None             # [lanes.interactive], [lanes.background]: nodes serving the models
     down_s: float = 15.0                  # a node whose call failed is skipped this long
+    # A JSON file {"node": "key"}: each call to a lane node carries its key (Authorization: Bearer), the one
+    # its llama-servers take (--api-key-file). A node not in it gets no header. "": no keys.
+    lane_keys_file: str = ""
+    lane_keys: dict = field(default_factory=dict, init=False, repr=False, compare=False)   # read from it
     llm_retries: int = 2                  # an LLM answer that fails validation is asked for again, this often
     llm_max_tokens: int = 512             # per extraction or judge answer
     judge_candidates: int = 5             # the nearest current facts the judge shows the LLM
@@ -49,6 +55,7 @@ class Settings:
 
     def __post_init__(self):
         validate(self)
+        self.lane_keys = read_lane_keys(self.lane_keys_file) if self.lane_keys_file else {}
 
     def model(self, role: str) -> dict | None:
         return (self.models or {}).get(role)
@@ -67,6 +74,8 @@ def _keys(where: str, table, known) -> None:
 
 
 def validate(s: Settings) -> None:
+    if not isinstance(s.lane_keys_file, str):
+        raise ValueError("lane_keys_file: a path (a string), got %r" % (s.lane_keys_file,))
     if not isinstance(s.haproxy_sync_s, int | float) or s.haproxy_sync_s <= 0:
         raise ValueError("haproxy_sync_s: a positive number of seconds")
     if s.models is not None:
@@ -110,12 +119,39 @@ def _validate_lane(s: Settings, name: str) -> None:
                 raise ValueError("%s: serves %s, but [models] has no %s" % (where, role, role))
 
 
+# Printable ASCII, no space: one header value and one line of --api-key-file, where "#" starts a comment.
+KEY = re.compile(r"[\x21\x22\x24-\x7e][\x21-\x7e]*")
+
+
+def read_lane_keys(path: str) -> dict[str, str]:
+    """{node: key} from lane_keys_file. Its errors name the file and the node, never a key."""
+    where = "lane_keys_file %s" % path
+    try:
+        with open(path, "rb") as f:
+            data = json.load(f)
+    except OSError as e:
+        raise ValueError("%s: cannot read it: %s" % (where, e.strerror or type(e).__name__)) from None
+    except UnicodeDecodeError:
+        raise ValueError("%s: not UTF-8 text" % where) from None
+    except json.JSONDecodeError as e:
+        raise ValueError("%s: not JSON (%s at line %d column %d)" % (where, e.msg, e.lineno, e.colno)) from None
+    if not isinstance(data, dict):
+        raise ValueError('%s: expected a JSON object {"node": "key", ...}, got a %s' % (where, type(data).__name__))
+    for node, key in data.items():
+        if not node:
+            raise ValueError("%s: a node with an empty name" % where)
+        if not isinstance(key, str) or not KEY.fullmatch(key):
+            raise ValueError("%s: node %r: its key must be a non-empty string of printable ASCII, no spaces,"
+                             " not starting with #" % (where, node))
+    return data
+
+
 def load(path: str | None) -> Settings:
     if not path:
         return Settings()
     with open(path, "rb") as f:
         data = tomllib.load(f)
-    known = {f.name for f in fields(Settings)}
+    known = {f.name for f in fields(Settings) if f.init}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ValueError("%s: unknown settings %s" % (path, ", ".join(unknown)))

@@ -3,7 +3,9 @@
 A lane (interactive: search; background: ingest) is a set of nodes, each serving some of the
 models (embed, chat, rerank) at a URL. Each call picks the least-busy healthy, unleased server of
 its lane for that model; one that fails (connect error, timeout, 5xx, bad shape) is marked down
-for `down_s` and the call moves to the next. At most `concurrency` calls are in flight per server."""
+for `down_s` and the call moves to the next. At most `concurrency` calls are in flight per server.
+Every call to a node carries that node's key from `lane_keys_file` (none: no header); a node that
+answers 401 is misconfigured, not down: said so, and skipped for `down_s` like a down one."""
 
 from __future__ import annotations
 
@@ -32,6 +34,11 @@ class Refused(RuntimeError):
     """The server refused the request (4xx): the request's fault, not the node's."""
 
 
+class Unauthorized(RuntimeError):
+    """The server answered 401: smem's key for the node (lane_keys_file) is not the one it takes.
+    Neither the request's fault nor a node down: the configuration's. Skip it, say why."""
+
+
 class NoNode(RuntimeError):
     """No server of the lane could answer; `down` names the nodes skipped as down. `leased_only`:
     nothing failed, every server that could have answered is leased away (a wait, not an error)."""
@@ -53,13 +60,19 @@ class Server:
     role: str
     url: str
     sem: threading.Semaphore
-    client: httpx.Client
+    client: httpx.Client       # with the node's Authorization header, when it has a key
     inflight: int = 0          # calls assigned to it: waiting for the semaphore or running
     down_until: float = 0.0    # epoch seconds
+    auth_error: str | None = None   # why its last call got a 401 (cleared by one that is answered)
+    key: str = field(default="", repr=False)
 
     @property
     def label(self) -> str:
         return "%s/%s" % (self.lane, self.node)
+
+    def _text(self, r: httpx.Response) -> str:
+        text = r.text
+        return (text.replace(self.key, "<key>") if self.key else text)[:300]
 
     def post(self, path: str, body: dict, timeout: float | None = None) -> dict:
         url = self.url.rstrip("/") + path
@@ -68,9 +81,14 @@ class Server:
         except httpx.HTTPError as e:
             raise NodeDown("%s: %s" % (url, str(e) or type(e).__name__)) from e
         if r.status_code >= 500:
-            raise NodeDown("%s answered %d: %s" % (url, r.status_code, r.text[:300]))
+            raise NodeDown("%s answered %d: %s" % (url, r.status_code, self._text(r)))
+        if r.status_code == 401:
+            why = ("the node refused lane_keys_file's key for %s (its llama-servers' --api-key-file holds another)"
+                   if self.key else "the node wants an API key and lane_keys_file has none for %s") % self.node
+            raise Unauthorized("%s answered 401 (%s): %s; a configuration error, not the node down"
+                               % (url, self._text(r), why))
         if r.status_code >= 400:
-            raise Refused("%s answered %d: %s" % (url, r.status_code, r.text[:300]))
+            raise Refused("%s answered %d: %s" % (url, r.status_code, self._text(r)))
         try:
             return r.json()
         except ValueError as e:
@@ -94,10 +112,12 @@ class Lanes:
         for lane in settings.lanes or {}:
             cfg = self.config[lane] = settings.lane(lane)
             for node, roles in cfg["nodes"].items():
+                key = settings.lane_keys.get(node, "")
+                headers = {"Authorization": "Bearer " + key} if key else {}
                 for role, url in roles.items():
                     self.servers.setdefault((lane, role), []).append(Server(
                         lane, node, role, url, threading.Semaphore(cfg["concurrency"]),
-                        httpx.Client(timeout=cfg["timeout_s"])))
+                        httpx.Client(timeout=cfg["timeout_s"], headers=headers), key=key))
 
     @property
     def nodes(self) -> set[str]:
@@ -130,9 +150,25 @@ class Lanes:
             free.append(s)
         return min(free, key=lambda s: s.inflight) if free else None
 
+    def _none_left(self, lane: str, role: str, down: list[str], errors: list[str]) -> NoNode:
+        group = self.servers.get((lane, role), [])
+        why = list(errors)
+        if down and not errors:
+            refused = {x.label for x in group if x.auth_error}
+            if [x for x in down if x not in refused]:
+                why.append("down: " + ", ".join(x for x in down if x not in refused))
+            if [x for x in down if x in refused]:
+                why.append("skipped, they refused their key from lane_keys_file (a configuration error, see the"
+                           " log): " + ", ".join(x for x in down if x in refused))
+        leased = sorted({x.node for x in group if self._lease_of(x.node)})
+        if leased:
+            why.append("leased: " + ", ".join(leased))
+        return NoNode("no %s node in the %s lane could answer (%s)" % (role, lane, "; ".join(why) or "none configured"),
+                      down, leased_only=bool(leased) and not down and not errors)
+
     def call(self, lane: str, role: str, fn: Callable[[Server], object], deadline: float | None = None) -> Answer:
-        """fn(server) on the least-busy healthy unleased server; NodeDown moves on, NoNode when none is left
-        (or when time.monotonic() passes deadline)."""
+        """fn(server) on the least-busy healthy unleased server; NodeDown (or Unauthorized) moves on, NoNode
+        when none is left (or when time.monotonic() passes deadline)."""
         tried: set[Server] = set()
         down: list[str] = []
         errors: list[str] = []
@@ -142,15 +178,7 @@ class Lanes:
             with self.cond:
                 s = self._pick(lane, role, tried, down)
                 if s is None:
-                    why = list(errors)
-                    if down and not errors:
-                        why.append("down: " + ", ".join(down))
-                    leased = sorted({x.node for x in self.servers.get((lane, role), []) if self._lease_of(x.node)})
-                    if leased:
-                        why.append("leased: " + ", ".join(leased))
-                    raise NoNode("no %s node in the %s lane could answer (%s)"
-                                 % (role, lane, "; ".join(why) or "none configured"), down,
-                                 leased_only=bool(leased) and not down and not errors)
+                    raise self._none_left(lane, role, down, errors)
                 s.inflight += 1
             tried.add(s)
             try:
@@ -162,11 +190,18 @@ class Lanes:
                         leased = self._lease_of(s.node) is not None  # leased while this call waited
                     if leased:
                         continue
-                    return Answer(fn(s), s.label, down)
+                    value = fn(s)
+                    s.auth_error = None
+                    return Answer(value, s.label, down)
                 finally:
                     s.sem.release()
-            except NodeDown as e:
-                log.warning("%s %s: down for %.0f s: %s", s.label, role, self.down_s, e)
+            except (NodeDown, Unauthorized) as e:
+                # Skipped alike, so that the lane's other nodes answer; a 401 is logged as what it is.
+                if isinstance(e, Unauthorized):
+                    s.auth_error = str(e)
+                    log.error("%s %s: skipped for %.0f s: %s", s.label, role, self.down_s, e)
+                else:
+                    log.warning("%s %s: down for %.0f s: %s", s.label, role, self.down_s, e)
                 s.down_until = time.time() + self.down_s
                 down.append(s.label)
                 errors.append(str(e))
@@ -204,7 +239,8 @@ class Lanes:
                     node = lane_out["nodes"].setdefault(s.node, {"models": {}, "inFlight": 0, "downUntil": None,
                                                                  "leasedBy": None})
                     down = iso(s.down_until) if s.down_until > t else None
-                    node["models"][role] = {"url": s.url, "inFlight": s.inflight, "downUntil": down}
+                    node["models"][role] = {"url": s.url, "inFlight": s.inflight, "downUntil": down,
+                                            "authError": s.auth_error}
                     node["inFlight"] += s.inflight
                     if down and (node["downUntil"] is None or down > node["downUntil"]):
                         node["downUntil"] = down
