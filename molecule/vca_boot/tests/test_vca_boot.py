@@ -100,6 +100,9 @@ def test_firewall_opens_only_what_the_exposure_table_declares(host):
         body = host.check_output(f"nft list chain inet vcafleet {chain}").strip().splitlines()
         assert re.search(r"counter packets \d+ bytes \d+ drop$", body[-3].strip()), (chain, body)
     assert "policy accept" in host.check_output("nft list chain inet vcafleet forward")  # other traffic: others decide
+    # a node whose link is down: its address never follows the default route out of the uplink
+    to = host.check_output("nft list chain inet vcafleet to_nodes")
+    assert re.search(r'oifname "eth0" counter packets \d+ bytes \d+ reject with icmpx host-unreachable', to), to
 
 
 def test_a_foreign_table_survives_the_converge(host):
