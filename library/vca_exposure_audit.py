@@ -51,7 +51,7 @@ audit:
   returned: action audit
   type: dict
 summary_line:
-  description: One line, e.g. C(exposure; 31 sockets declared, 31 found, 3 open to the LAN, 0 unlisted).
+  description: One line, as the fleet report ends with it (module_utils/vca_exposure.py summary_line).
   returned: action audit
   type: str
 markdown:
@@ -89,9 +89,12 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    if p["action"] == "render":
-        module.exit_json(changed=False, markdown=render_markdown(p["rows"], inventory=p["inventory"]))
-    result = audit(p["found"], resolve(p["rows"], p["resolved"]))
+    try:
+        if p["action"] == "render":
+            module.exit_json(changed=False, markdown=render_markdown(p["rows"], inventory=p["inventory"]))
+        result = audit(p["found"], resolve(p["rows"], p["resolved"]))
+    except (ValueError, KeyError) as e:
+        module.fail_json(msg="vca_exposure_audit: %s" % e)
     module.exit_json(changed=False, audit=result, summary_line=summary_line(result["summary"]))
 
 

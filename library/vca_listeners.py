@@ -6,14 +6,14 @@ short_description: The machine's listening TCP and UDP sockets, the ones that pe
 description:
   - Runs C(ss -H -l -t -u -n -p) O(snapshots) times, O(interval_s) apart, and returns the sockets every
     reading showed (C(sockets)) and those only some did (C(transient); a resolver's or a client's
-    short-lived unbound UDP socket). Addresses are normalised (no brackets or scope, IPv4-mapped IPv6
+    short-lived unconnected UDP socket). Addresses are normalised (no brackets or scope, IPv4-mapped IPv6
     as IPv4, C(*) for ss's own wildcard).
   - C(process) is the name ss shows, or null where it cannot see the owner (another user's process
     inside a container).
   - Reads only; never changed.
 options:
   snapshots:
-    description: How many readings.
+    description: How many readings (at least 1).
     type: int
     default: 2
   interval_s:
@@ -42,30 +42,27 @@ transient:
   elements: dict
 """
 
-import time
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.vca_listeners import parse, persistent
+from ansible.module_utils.vca_listeners import parse, read_persistent
 
 
 def main():
     module = AnsibleModule(argument_spec={"snapshots": {"type": "int", "default": 2},
                                           "interval_s": {"type": "float", "default": 1.0}},
                            supports_check_mode=True)
-    n, interval = module.params["snapshots"], module.params["interval_s"]
-    if n < 1 or interval < 0:
-        module.fail_json(msg="snapshots must be at least 1 and interval_s not negative")
     ss = module.get_bin_path("ss", required=True)
-    readings = []
-    for i in range(n):
-        if i:
-            time.sleep(interval)
+
+    def read():
         rc, out, err = module.run_command([ss, "-H", "-l", "-t", "-u", "-n", "-p"],
-                                          environ_update={"LC_ALL": "C"})
+                                          environ_update={"LANG": "C", "LC_ALL": "C"})
         if rc != 0:
-            module.fail_json(msg="ss failed: %s" % (err or out).strip())
-        readings.append(parse(out))
-    sockets, transient = persistent(readings)
+            module.fail_json(msg="ss failed (rc %d): %s" % (rc, (err or out).strip()))
+        return parse(out)
+
+    try:
+        sockets, transient = read_persistent(read, module.params["snapshots"], module.params["interval_s"])
+    except ValueError as e:
+        module.fail_json(msg=str(e))
     module.exit_json(changed=False, sockets=sockets, transient=transient)
 
 

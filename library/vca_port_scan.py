@@ -65,7 +65,7 @@ targets:
   returned: always
   type: dict
 connects:
-  description: Connects made.
+  description: Connects made (begun, where the scan ran out of time), the confirm's included.
   returned: always
   type: int
 duration_s:
@@ -76,8 +76,14 @@ concurrency:
   description: Connects at once, as run.
   returned: always
   type: int
+note:
+  description: Why the concurrency is lower than asked for (the open-file limit).
+  returned: when it is
+  type: str
 confirmed:
-  description: "{'address:port': {sweep, final}} for the confirmed ports."
+  description: >-
+    {'address:port': {sweep, final, changed}} for the confirmed ports; C(final) is the state the result
+    counts, C(changed) whether it differs from the sweep's.
   returned: always
   type: dict
 """

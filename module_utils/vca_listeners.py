@@ -10,6 +10,7 @@ counts as listening (persistent()). Standard library only: this runs on the node
 from __future__ import annotations
 
 import re
+import time
 
 from ansible.module_utils.vca_exposure import normalise
 
@@ -17,8 +18,10 @@ PROCESS = re.compile(r'users:\(\("([^"]*)"')
 
 
 def split_address(text):
-    """'0.0.0.0:22' / '[::]:22' / '*:22' / '127.0.0.53%lo:53' / '[fe80::1%eth0]:5353' -> (address, port)."""
+    """'0.0.0.0:22' / '[::]:22' / '*:22' / '127.0.0.53%lo:53' / '[fe80::1]%eth0:5353' -> (address, port)."""
     address, _, port = text.rpartition(":")
+    if not address or not port.isdigit() or int(port) > 65535:
+        raise ValueError("not an address and port: %r" % text)
     return normalise(address), int(port)
 
 
@@ -31,7 +34,10 @@ def parse(output):
             continue
         if fields[0] == "tcp" and fields[1] != "LISTEN":
             continue
-        address, port = split_address(fields[4])
+        try:
+            address, port = split_address(fields[4])
+        except ValueError:
+            raise ValueError("cannot read this line of ss: %r" % line) from None
         process = PROCESS.search(line)
         found.append({"proto": fields[0], "address": address, "port": port,
                       "process": process.group(1) if process else None})
@@ -56,3 +62,15 @@ def persistent(readings):
     order = sorted(counts, key=lambda k: (k[0], k[2], k[1]))
     return ([best[k] for k in order if counts[k] == len(readings)],
             [best[k] for k in order if counts[k] < len(readings)])
+
+
+def read_persistent(read, snapshots=2, interval_s=1.0, sleep=time.sleep):
+    """persistent() of `snapshots` readings interval_s apart; read() returns one reading (parse()'s list)."""
+    if snapshots < 1 or interval_s < 0:
+        raise ValueError("snapshots must be at least 1 and interval_s not negative")
+    readings = []
+    for i in range(snapshots):
+        if i:
+            sleep(interval_s)
+        readings.append(read())
+    return persistent(readings)

@@ -18,6 +18,9 @@ import ipaddress
 import resource
 import time
 
+# Python 3.10 (Ubuntu 22.04) raises asyncio's own TimeoutError from wait_for, not the builtin one
+ASYNC_TIMEOUT = asyncio.TimeoutError
+
 
 class ScanTimeout(Exception):
     def __init__(self, message, partial):
@@ -35,7 +38,10 @@ def ports_of(spec):
             if not part:
                 continue
             lo, _, hi = part.partition("-")
-            lo, hi = int(lo), int(hi or lo)
+            try:
+                lo, hi = int(lo), int(hi or lo)
+            except ValueError:
+                raise ValueError("not a port or a range of ports: %r" % part) from None
             if not 1 <= lo <= hi <= 65535:
                 raise ValueError("ports must be within 1-65535: %r" % part)
             ports.update(range(lo, hi + 1))
@@ -61,7 +67,7 @@ def raise_fd_limit(wanted):
 async def probe(target, port, timeout):
     try:
         _reader, writer = await asyncio.wait_for(asyncio.open_connection(target, port), timeout)
-    except TimeoutError:
+    except ASYNC_TIMEOUT:
         return "filtered"
     except ConnectionRefusedError:
         return "closed"
@@ -78,11 +84,12 @@ async def probe(target, port, timeout):
     return "closed" if here and there and tuple(here[:2]) == tuple(there[:2]) else "open"
 
 
-async def _sweep(targets, ports, concurrency, timeout, states):
+async def _sweep(targets, ports, concurrency, timeout, states, *, made):
     sem = asyncio.Semaphore(concurrency)
 
     async def one(target, port):
         async with sem:
+            made[0] += 1
             states[target][port] = await probe(target, port, timeout)
 
     # created lazily, a batch at a time: half a million pending tasks would cost memory for nothing
@@ -92,9 +99,13 @@ async def _sweep(targets, ports, concurrency, timeout, states):
             for port in ports:
                 pending.add(asyncio.ensure_future(one(target, port)))
                 if len(pending) >= concurrency * 4:
-                    _done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    for task in done:
+                        task.result()     # a probe that failed otherwise than by its port's answer
         if pending:
-            await asyncio.wait(pending)
+            done, pending = await asyncio.wait(pending)
+            for task in done:
+                task.result()
     finally:                  # out of time: nothing is left running behind the result
         for task in pending:
             task.cancel()
@@ -119,6 +130,8 @@ def _result(targets, states, connects, started, *, concurrency, confirmed, note)
 def scan(targets, ports, *, concurrency=4096, timeout_s=1.0, max_connects=2000000, max_duration_s=600.0,
          confirm=None, confirm_timeout_s=3.0):
     targets = list(dict.fromkeys(targets))
+    if not targets:
+        raise ValueError("no targets to scan")
     for t in targets:
         try:
             ipaddress.ip_address(t)
@@ -133,29 +146,34 @@ def scan(targets, ports, *, concurrency=4096, timeout_s=1.0, max_connects=200000
     if connects > max_connects:
         raise ValueError("%d connects asked for, more than max_connects (%d): nothing was sent"
                          % (connects, max_connects))
-    if concurrency < 1 or timeout_s <= 0 or max_duration_s <= 0:
-        raise ValueError("concurrency, timeout_s and max_duration_s must be positive")
+    if concurrency < 1 or timeout_s <= 0 or max_duration_s <= 0 or confirm_timeout_s <= 0:
+        raise ValueError("concurrency, timeout_s, max_duration_s and confirm_timeout_s must be positive")
     allowed = raise_fd_limit(concurrency)
     note = ("the open-file limit allows %d connects at a time, not %d" % (allowed, concurrency)
             if allowed < concurrency else "")
     states = {t: {} for t in targets}
     confirmed = {}
+    made = [0]            # connects begun, also when the scan runs out of time
     started = time.monotonic()
 
     async def run():
-        await _sweep(targets, ports, allowed, timeout_s, states)
+        await _sweep(targets, ports, allowed, timeout_s, states, made=made)
         for target, wanted in confirm.items():
             for port in wanted:
                 before = states[target].get(port)
+                made[0] += 1
                 states[target][port] = await probe(target, port, confirm_timeout_s)
-                confirmed["%s:%d" % (target, port)] = {"sweep": before, "final": states[target][port]}
+                confirmed["%s:%d" % (target, port)] = {"sweep": before, "final": states[target][port],
+                                                       "changed": before != states[target][port]}
+
+    def result():
+        return _result(targets, states, made[0], started, concurrency=allowed, confirmed=confirmed, note=note)
 
     loop = asyncio.new_event_loop()
     try:
         loop.run_until_complete(asyncio.wait_for(run(), max_duration_s))
-    except TimeoutError:
-        partial = _result(targets, states, connects, started, concurrency=allowed, confirmed=confirmed, note=note)
-        raise ScanTimeout("the scan ran past max_duration_s (%s s)" % max_duration_s, partial) from None
+    except ASYNC_TIMEOUT:
+        raise ScanTimeout("the scan ran past max_duration_s (%s s)" % max_duration_s, result()) from None
     finally:
         loop.close()
-    return _result(targets, states, connects, started, concurrency=allowed, confirmed=confirmed, note=note)
+    return result()

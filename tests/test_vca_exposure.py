@@ -1,16 +1,12 @@
-"""The exposure audit's rules (module_utils/vca_exposure.py), the listeners' parser and the port scan."""
+"""The exposure audit's rules (module_utils/vca_exposure.py): found sockets against the declared table.
+The listeners' reader and the port scan have their own tests (test_vca_listeners.py, test_vca_portscan.py)."""
 
 from __future__ import annotations
 
-import socket
-import time
+import re
 
 import pytest
 from ansible.module_utils.vca_exposure import audit, is_wildcard, matches, normalise, render_markdown, summary_line
-from ansible.module_utils.vca_listeners import parse, persistent
-from ansible.module_utils.vca_portscan import ScanTimeout, ports_of, scan
-
-from conftest import run_module
 
 
 def row(machine="vca-node0", address="172.31.1.1", port=9478, proto="tcp", clients=("vca-host",), **kw):
@@ -25,14 +21,17 @@ def sock(address, port, proto="tcp", process=None):
 
 @pytest.mark.parametrize("given, want", [("[::]", "::"), ("*", "*"), ("", "*"), ("[::ffff:127.0.0.1]", "127.0.0.1"),
                                          ("127.0.0.53%lo", "127.0.0.53"), ("[fe80::1%eth0]", "fe80::1"),
-                                         ("0:0:0:0:0:0:0:1", "::1"), ("172.31.1.1", "172.31.1.1")])
+                                         ("0:0:0:0:0:0:0:1", "::1"), ("172.31.1.1", "172.31.1.1"),
+                                         ("[fe80::1]%eth0", "fe80::1"), ("0.0.0.0%eth0", "0.0.0.0"),
+                                         ("*%eth0", "*"), ("[2001:DB8:0:0::1]", "2001:db8::1"),
+                                         ("[::ffff:0.0.0.0]", "0.0.0.0"), ("::", "::")])
 def test_addresses_have_one_spelling(given, want):
     assert normalise(given) == want
 
 
 def test_wildcards():
-    assert all(is_wildcard(a) for a in ("0.0.0.0", "::", "[::]", "*", "::ffff:0.0.0.0"))
-    assert not any(is_wildcard(a) for a in ("127.0.0.1", "::1", "172.31.1.254"))
+    assert all(is_wildcard(a) for a in ("0.0.0.0", "::", "[::]", "*", "::ffff:0.0.0.0", "[::]%eth0", "0:0::0"))
+    assert not any(is_wildcard(a) for a in ("127.0.0.1", "::1", "172.31.1.254", "::ffff:127.0.0.1"))
 
 
 def test_a_socket_matches_its_row_only():
@@ -56,15 +55,12 @@ def test_the_audit_names_what_is_unlisted_wildcard_and_missing():
              "vca-host": [sock("172.19.0.2", 9480)]}
     got = audit(found, rows)
     assert not got["ok"]
-    assert [(s["machine"], s["address"], s["port"]) for s in got["unlisted"]] == \
-        [("vca-node0", "127.0.0.1", 9999), ("vca-node0", "0.0.0.0", 8000)] or \
-        {(s["machine"], s["address"], s["port"]) for s in got["unlisted"]} == \
+    assert {(s["machine"], s["address"], s["port"]) for s in got["unlisted"]} == \
         {("vca-node0", "127.0.0.1", 9999), ("vca-node0", "0.0.0.0", 8000)}
     assert [(s["address"], s["port"], s["process"]) for s in got["wildcard"]] == [("0.0.0.0", 8000, "python3")]
     assert [(m["machine"], m["port"]) for m in got["missing"]] == [("vca-host", 4369)]   # node4 was not audited
     assert got["summary"] == {"declared": 4, "found": 6, "lan": 1, "unlisted": 2, "missing": 1}
-    assert summary_line(got["summary"]) == ("exposure: 4 sockets declared, 6 found, 1 open to the LAN, 2 unlisted, "
-                                            "1 declared but not found")
+    assert summary_line(got["summary"]) == "exposure: 4 sockets declared, 6 found, 1 open to the LAN, 2 unlisted"
     clean = audit({"vca-node0": [sock("172.31.1.1", 9478), sock("0.0.0.0", 22)]}, rows)
     assert clean["ok"] and clean["unlisted"] == [] and clean["summary"]["lan"] == 0
 
@@ -74,143 +70,171 @@ def test_a_machine_with_no_rows_has_every_socket_unlisted():
     assert [s["port"] for s in got["unlisted"]] == [1234] and got["missing"] == []
 
 
-def test_the_table_folds_one_service_on_many_machines():
-    rows = [row(), row(machine="vca-node4", address="172.31.5.1"),
-            row(machine="vca-host", address="127.0.0.1", clients=("loopback",)),
-            row(machine="vca-host", address="*", port=22, service="sshd", role="common", clients=("lan", "loopback"),
-                reason="the owner's | way in")]
-    md = render_markdown(rows, inventory="inventory/production")
+def test_a_socket_in_another_spelling_still_matches():
+    assert matches(sock("[::ffff:172.31.1.1]", 9478), row())
+    assert matches(sock("fe80::1", 5353, "udp"), row(address="[fe80::1]%eth0", port=5353, proto="udp"))
+    assert matches(sock("::1", 9478), row(address="0:0:0:0:0:0:0:1"))
+    assert matches(sock("*", 9100), row(address="*", port=9100))
+    # a wildcard bind is declared as "*": a row that spells it 0.0.0.0 or :: excuses nothing
+    assert not matches(sock("*", 9100), row(address="::", port=9100))
+    assert not matches(sock("::", 22), row(address="::", port=22))
+    assert not matches(sock("0.0.0.0", 22), row(address="0.0.0.0", port=22))
+
+
+def test_a_wildcard_bind_under_a_specific_row_is_unlisted_and_the_row_missing():
+    got = audit({"vca-node0": [sock("0.0.0.0", 9478, process="agent")]}, [row()])
+    assert [(s["address"], s["port"], s["process"]) for s in got["unlisted"]] == [("0.0.0.0", 9478, "agent")]
+    assert got["wildcard"] == got["unlisted"] and not got["ok"]
+    assert [(m["service"], m["address"], m["port"]) for m in got["missing"]] == [("vcamon agent", "172.31.1.1", 9478)]
+
+
+def test_a_row_of_any_port_is_found_by_any_socket_it_matches():
+    dns = row(machine="vca-host", address="127.0.0.11", port="any", proto="udp", service="docker dns",
+              clients=("loopback",))
+    found = audit({"vca-host": [sock("127.0.0.11", 40411, "udp"), sock("127.0.0.11", 35001, "tcp")]},
+                  [dns, dict(dns, proto="tcp")])
+    assert found["ok"] and found["missing"] == []
+    assert [(m["proto"], m["port"]) for m in found["matched"]] == [("tcp", 35001), ("udp", 40411)]
+    assert all(m["service"] == "docker dns" and m["clients"] == ["loopback"] for m in found["matched"])
+    gone = audit({"vca-host": []}, [dns])
+    assert [m["port"] for m in gone["missing"]] == ["any"] and gone["ok"]
+
+
+def test_the_most_specific_row_speaks_for_a_socket():
+    rows = [row(machine="vca-host", address="*", port=22, service="sshd", clients=("lan", "loopback")),
+            row(machine="vca-host", address="127.0.0.1", port=22, service="a loopback tunnel", clients=("loopback",))]
+    got = audit({"vca-host": [sock("127.0.0.1", 22)]}, rows)
+    assert [m["service"] for m in got["matched"]] == ["a loopback tunnel"]
+    assert got["summary"]["lan"] == 0                  # on loopback: not open to the LAN
+    assert got["missing"] == []                        # the wildcard row matched it too
+    both = audit({"vca-host": [sock("127.0.0.1", 22), sock("0.0.0.0", 22)]}, rows)
+    assert [m["service"] for m in both["matched"]] == ["sshd", "a loopback tunnel"] and both["summary"]["lan"] == 1
+
+
+def test_the_summary_counts_sockets_and_rows():
+    rows = [row(), row(address="*", port=22, service="sshd", clients=("lan",))]
+    got = audit({"vca-node0": [sock("172.31.1.1", 9478), sock("0.0.0.0", 22), sock("::", 22)]}, rows)
+    assert got["summary"] == {"declared": 2, "found": 3, "lan": 2, "unlisted": 0, "missing": 0} and got["ok"]
+    first = got["matched"][0]
+    assert (first["machine"], first["service"], first["address"], first["port"], first["auth"]) == \
+        ("vca-node0", "sshd", "0.0.0.0", 22, "a token")
+
+
+def test_the_summary_line_reads_as_the_note_says():
+    assert summary_line({"declared": 14, "found": 14, "lan": 3, "unlisted": 0, "missing": 0}) == \
+        "exposure: 14 sockets declared, 14 found, 3 open to the LAN, 0 unlisted"
+    # the fleet report follows the line with ": " and the unlisted sockets: nothing else may come between
+    assert summary_line({"declared": 2, "found": 1, "lan": 0, "unlisted": 1, "missing": 2}).endswith(", 1 unlisted")
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"proto": "sctp"}, "proto must be tcp or udp"), ({"port": 0}, "port must be 1-65535 or 'any'"),
+    ({"port": "ssh"}, "port must be 1-65535"), ({"port": True}, "port must be 1-65535"),
+    ({"address": " "}, "a wildcard bind is declared as"), ({"clients": "lan"}, "clients must be a list"),
+    ({"service": None, "auth": None}, None)])
+def test_a_row_it_cannot_compare_is_a_clear_error(bad, message):
+    broken = dict(row(), **{k: v for k, v in bad.items() if v is not None})
+    for k, v in bad.items():
+        if v is None:
+            del broken[k]
+    message = message or "lacks service, auth"
+    with pytest.raises(ValueError, match=message):
+        audit({"vca-node0": [sock("172.31.1.1", 9478)]}, [row(), broken])
+
+
+def test_a_port_spelt_as_a_string_still_compares():
+    got = audit({"vca-node0": [sock("172.31.1.1", 9478)]}, [row(port="9478")])
+    assert got["ok"] and got["missing"] == [] and len(got["matched"]) == 1
+
+
+# -- the table ----------------------------------------------------------------------------------------
+HEADER = ["machine", "address", "port", "protocol", "service", "who may connect", "how it authenticates", "reason"]
+
+
+def table(md):
+    """The table's rows as lists of cells (a pipe escaped as \\| stays in its cell)."""
+    rows = [line for line in md.splitlines() if line.startswith("|")]
+    cells = [[c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line)[1:-1]] for line in rows]
+    assert all(len(c) == len(HEADER) for c in cells), cells
+    assert cells[0] == HEADER and set("".join(cells[1])) <= {"-"}
+    return [dict(zip(HEADER, c, strict=True)) for c in cells[2:]]
+
+
+def fleet():
+    nodes = [("vca-node%d" % n, "172.31.%d.1" % (n + 1)) for n in (10, 0, 4, 2)]
+    return [
+        *(row(machine=m, address=a) for m, a in nodes),                                     # one agent on each node
+        row(machine="vca-host", address="127.0.0.1", clients=("loopback",), auth="none: loopback only"),
+        row(machine="vca-host", address="*", port=22, service="sshd (the host's)", role="common",
+            clients=("lan", "loopback"), auth="SSH keys", reason="the owner's way in"),
+        *(row(machine="vca-host", address="172.31.%d.254" % (n + 1), port=53, proto="udp", service="dnsmasq",
+              role="vca_boot", clients=("vca-node0", "vca-node1"), auth="none") for n in (0, 1)),
+        row(machine="vca-host", address="127.0.0.11", port="any", proto="udp", service="docker dns", role="inventory",
+            clients=("loopback",), auth="none"),
+        row(machine="vca-node2", address="*", port=22, service="sshd (a node's)", role="common", auth="SSH keys"),
+    ]
+
+
+def test_the_table_has_the_columns_and_one_line_per_socket_sorted_by_machine_then_port():
+    got = table(render_markdown([r for r in fleet() if r["service"] != "vcamon agent" or r["machine"] == "vca-host"]
+                                + [row(machine="vca-node2", address="172.31.3.1")]))
+    assert [(r["machine"], r["port"], r["protocol"]) for r in got] == [
+        ("vca-host", "22", "tcp"), ("vca-host", "53", "udp"), ("vca-host", "9478", "tcp"), ("vca-host", "any", "udp"),
+        ("vca-node2", "22", "tcp"), ("vca-node2", "9478", "tcp")]
+    sshd = got[0]
+    assert sshd == {"machine": "vca-host", "address": "`*`", "port": "22", "protocol": "tcp",
+                    "service": "sshd (the host's) (role common)",
+                    "who may connect": "anyone on the LAN, this machine only", "how it authenticates": "SSH keys",
+                    "reason": "the owner's way in"}
+    assert got[2]["who may connect"] == "this machine only" and got[2]["reason"] == ""
+    assert got[5]["who may connect"] == "vca-host"
+
+
+def test_the_same_service_on_many_machines_is_one_line_that_lists_them_in_order():
+    got = table(render_markdown(fleet()))
+    agents = [r for r in got if r["service"] == "vcamon agent (role vcamon)"]
+    assert [a["machine"] for a in agents] == ["vca-host", "vca-node0<br>vca-node2<br>vca-node4<br>vca-node10"]
+    # the addresses in the same order as the machines, line for line
+    assert agents[1]["address"] == "`172.31.1.1`<br>`172.31.3.1`<br>`172.31.5.1`<br>`172.31.11.1`"
+    assert agents[0]["address"] == "`127.0.0.1`"                       # other clients, other auth: a line apart
+    dns = next(r for r in got if r["service"].startswith("dnsmasq"))    # one machine, an address on each link
+    assert (dns["machine"], dns["address"]) == ("vca-host", "`172.31.1.254`<br>`172.31.2.254`")
+    assert dns["who may connect"] == "vca-node0, vca-node1"
+    # a folded line sorts under its first machine
+    assert [(r["machine"].split("<br>")[0], r["port"]) for r in got] == [
+        ("vca-host", "22"), ("vca-host", "53"), ("vca-host", "9478"), ("vca-host", "any"),
+        ("vca-node0", "9478"), ("vca-node2", "22")]
+
+
+def test_lines_that_differ_in_more_than_machine_and_address_stay_apart():
+    base = row(machine="vca-node0", address="172.31.1.1")
+    for field, other in (("clients", ["vca-host", "lan"]), ("auth", "none"), ("reason", "asked for"), ("port", 9479),
+                         ("proto", "udp"), ("service", "another agent"), ("role", "farm")):
+        got = table(render_markdown([base, dict(base, machine="vca-node1", address="172.31.2.1", **{field: other})]))
+        assert [r["machine"] for r in got] == ["vca-node0", "vca-node1"], field
+
+
+def test_a_wildcard_on_many_machines_names_its_address_once():
+    rows = [row(machine=m, address="*", port=22, service="sshd") for m in ("vca-node1", "vca-node0")]
+    (line,) = table(render_markdown(rows))
+    assert (line["machine"], line["address"]) == ("vca-node0<br>vca-node1", "`*`")
+
+
+def test_the_inventory_is_named_above_the_table_when_given():
+    md = render_markdown(fleet(), inventory="inventory/production")
     lines = md.splitlines()
-    assert lines[0] == "Evaluated for `inventory/production`: 4 sockets on 3 machines."
-    agents = [line for line in lines if "vcamon agent" in line]
-    assert len(agents) == 2                                             # the nodes' folded, the host's apart
-    assert "vca-node0 `172.31.1.1`<br>vca-node4 `172.31.5.1`" in agents[1] or \
-        "vca-node0 `172.31.1.1`<br>vca-node4 `172.31.5.1`" in agents[0]
-    assert any("this machine only" in a for a in agents)
-    sshd = next(line for line in lines if "sshd" in line)
-    assert "anyone on the LAN, this machine only" in sshd and "the owner's / way in" in sshd
-    assert all(line.count("|") == 8 for line in lines if line.startswith("|"))
+    assert lines[:2] == ["Evaluated for `inventory/production`: 10 sockets on 5 machines.", ""]
+    assert lines[2].startswith("| machine | address |")
+    plain = render_markdown(fleet())
+    assert plain.startswith("| machine | address |") and "Evaluated for" not in plain
+    assert md.endswith("|\n") and md.splitlines()[2:] == plain.splitlines()
+    assert table(render_markdown([])) == []
 
 
-SS = """\
-udp UNCONN 0      0      127.0.0.11:60402 0.0.0.0:*
-tcp LISTEN 0      4096    127.0.0.1:4369  0.0.0.0:* users:(("systemd",pid=1,fd=43))
-tcp LISTEN 0      128       0.0.0.0:22    0.0.0.0:* users:(("sshd",pid=39,fd=3))
-tcp LISTEN 0      128          [::]:22       [::]:* users:(("sshd",pid=39,fd=4))
-udp UNCONN 0      0    127.0.0.53%lo:53      0.0.0.0:* users:(("systemd-resolve",pid=5,fd=13))
-tcp LISTEN 0      5    [fe80::1%eth0]:8080    [::]:*
-tcp LISTEN 0      5    [::ffff:127.0.0.1]:8000    *:*
-tcp LISTEN 0      5               *:9100        *:*
-"""
-
-
-def test_ss_lines_are_read_whatever_their_address():
-    got = parse(SS)
-    assert [(s["proto"], s["address"], s["port"], s["process"]) for s in got] == [
-        ("udp", "127.0.0.11", 60402, None), ("tcp", "127.0.0.1", 4369, "systemd"), ("tcp", "0.0.0.0", 22, "sshd"),
-        ("tcp", "::", 22, "sshd"), ("udp", "127.0.0.53", 53, "systemd-resolve"), ("tcp", "fe80::1", 8080, None),
-        ("tcp", "127.0.0.1", 8000, None), ("tcp", "*", 9100, None)]
-    assert parse("tcp ESTAB 0 0 10.0.0.1:22 10.0.0.2:5000\n") == []      # a connection is not a listener
-
-
-def test_only_what_every_reading_shows_persists():
-    first = [*parse(SS), sock("0.0.0.0", 41000, "udp")]      # a resolver's query socket, gone by the next reading
-    second = parse(SS)
-    kept, transient = persistent([first, second])
-    assert len(kept) == len(second) and [(s["address"], s["port"]) for s in transient] == [("0.0.0.0", 41000)]
-    assert persistent([]) == ([], [])
-
-
-def test_the_module_finds_a_listener_here_with_the_real_ss(capsys):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        port = s.getsockname()[1]
-        got = run_module("vca_listeners", {"snapshots": 2, "interval_s": 0.1}, capsys)
-    assert not got.get("failed"), got
-    assert {"proto": "tcp", "address": "127.0.0.1", "port": port} in [
-        {k: x[k] for k in ("proto", "address", "port")} for x in got["sockets"]]
-
-
-# -- the scan, on loopback only ---------------------------------------------------------------------
-@pytest.fixture
-def listener():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen(64)
-        yield s.getsockname()[1]
-
-
-@pytest.fixture
-def full_backlog():
-    """A port whose accept queue is full: Linux drops further SYNs, so a connect waits, as a dropping
-    firewall makes it."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    s.listen(0)
-    port = s.getsockname()[1]
-    held = []
-    for _ in range(4):               # fill the queue (backlog 0 still admits one or two)
-        c = socket.socket()
-        c.setblocking(False)
-        c.connect_ex(("127.0.0.1", port))
-        held.append(c)
-    time.sleep(0.2)
-    yield port
-    for c in held:
-        c.close()
-    s.close()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_ports_are_parsed_and_bounded():
-    assert ports_of("1-3,5") == [1, 2, 3, 5] and ports_of([22, "80-81"]) == [22, 80, 81]
-    for bad in ("0-10", "65536", "", "5-1"):
-        with pytest.raises(ValueError):
-            ports_of(bad)
-
-
-def test_open_closed_and_filtered(listener, full_backlog):
-    closed = free_port()
-    got = scan(["127.0.0.1"], [listener, closed, full_backlog], timeout_s=0.5)
-    t = got["targets"]["127.0.0.1"]
-    assert t["open"] == [listener] and t["closed"] == 1 and t["filtered"] == 1, got
-
-
-def test_a_sweep_of_every_port_finds_the_listener_and_not_a_closed_port(listener):
-    closed = free_port()
-    got = scan(["127.0.0.1"], "1-65535", concurrency=2048, timeout_s=2.0)
-    here = got["targets"]["127.0.0.1"]
-    assert here["scanned"] == 65535 and got["connects"] == 65535
-    assert listener in here["open"] and closed not in here["open"]
-    assert here["open"] == sorted(here["open"])   # (other processes' listeners here may be open too)
-
-
-def test_the_bounds_hold_before_and_while_it_runs(full_backlog):
-    with pytest.raises(ValueError, match="nothing was sent"):
-        scan(["127.0.0.1", "127.0.0.2"], "1-65535", max_connects=100000)
-    with pytest.raises(ValueError, match="IP addresses"):
-        scan(["localhost"], [22])
-    with pytest.raises(ScanTimeout) as e:
-        scan(["127.0.0.1"], [full_backlog] * 1, timeout_s=30, max_duration_s=0.5)
-    assert e.value.partial["targets"]["127.0.0.1"]["scanned"] == 0
-
-
-def test_confirm_probes_a_declared_port_again(listener, full_backlog):
-    got = scan(["127.0.0.1"], [listener, full_backlog], timeout_s=0.3, confirm={"127.0.0.1": [listener]},
-               confirm_timeout_s=2.0)
-    assert got["confirmed"] == {"127.0.0.1:%d" % listener: {"sweep": "open", "final": "open"}}
-    with pytest.raises(ValueError, match="not scanned"):
-        scan(["127.0.0.1"], [listener], confirm={"127.0.0.9": [22]})
-
-
-def test_the_module_scans_and_says_what_it_found(listener, capsys):
-    got = run_module("vca_port_scan", {"targets": ["127.0.0.1"], "ports": str(listener), "timeout_s": 1.0}, capsys)
-    assert not got.get("failed") and got["targets"]["127.0.0.1"]["open"] == [listener], got
-    bad = run_module("vca_port_scan", {"targets": ["127.0.0.1"], "ports": "1-65535", "max_connects": 10}, capsys)
-    assert bad["failed"] and "nothing was sent" in bad["msg"]
+def test_no_text_breaks_the_table():
+    rows = [row(reason="first line\nsecond | line", auth="a token\r\nin a header", service="a|b")]
+    lines = render_markdown(rows).splitlines()
+    assert len(lines) == 3
+    (got,) = table("\n".join(lines))
+    assert got["reason"] == "first line second | line" and got["how it authenticates"] == "a token in a header"
+    assert got["service"] == "a|b (role vcamon)"
