@@ -7,14 +7,18 @@ completing there is the proof that those permissions are enough."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import amqp
 import pytest
 from _engine import (  # noqa: F401 (fixtures)
     _listeners,
+    assert_every_chunk_once,
     broker_fixture,
     make_farm_fixture,
     wait_for,
@@ -36,6 +40,25 @@ def refused(url: str, action) -> int:
         return e.value.reply_code
 
 
+def test_a_worker_with_its_nodes_rights_only_renders_a_job_and_is_refused_nothing(make_farm):
+    """Its user, not the broker's guest, and no operation of it refused along the way (one would be a
+    right it lacks: the Celery event heartbeat's celeryev exchange, say, which it does without)."""
+    farm = make_farm()
+    node = farm.nodes[0]
+    farm.start_workers([node])
+    farm.start_coordinator()
+    job_id = farm.submit(frames=20, nodes=[node])                  # two chunks
+    farm.wait_state(job_id, ("done", "failed"), timeout=120)
+    assert_every_chunk_once(farm, job_id)
+    r = farm.broker.ctl("list_connections", "user", "--silent")
+    assert r.returncode == 0, r.stdout + r.stderr
+    ours = {u for u in r.stdout.split() if u.startswith("farm-%s-" % farm.tag)}
+    assert ours == {"farm-" + node}, r.stdout
+    log = (farm.broker.root / "log" / ("%s.log" % farm.broker.env["RABBITMQ_NODENAME"])).read_text()
+    refused = [line for line in log.splitlines() if "refused for user 'farm-%s-" % farm.tag in line]
+    assert not refused, refused
+
+
 def test_a_node_user_reads_neither_the_reports_nor_another_nodes_queues(make_farm):
     farm = make_farm()
     farm.start_workers(farm.nodes[:2])
@@ -53,6 +76,9 @@ def test_a_node_user_reads_neither_the_reports_nor_another_nodes_queues(make_far
     # nor publish into any queue through the default exchange (it reaches every queue by name): the
     # broker closes the channel, which the next synchronous call meets
     assert refused(url, lambda ch: (ch.basic_publish(amqp.Message("x"), "", reports),
+                                    ch.exchange_declare("amq.direct", "direct", passive=True))) == REFUSED
+    # nor send a remote-control command to every worker
+    assert refused(url, lambda ch: (ch.basic_publish(amqp.Message("x"), "celery.pidbox", ""),
                                     ch.exchange_declare("amq.direct", "direct", passive=True))) == REFUSED
 
 
@@ -105,7 +131,7 @@ def test_the_cli_prints_a_nodes_user_and_its_permissions(capsys):
     assert cli.main(["broker-permissions", "--node", "vca-node0"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["user"] == "farm-vca-node0"
-    assert got["read"] == (r"^(farm\.node\.vca\-node0|farm@vca\-node0\.celery\.pidbox|farm\.job\.[0-9a-f-]+"
+    assert got["read"] == (r"^(farm\.node\.vca\-node0|farm@vca\-node0\.celery\.pidbox|farm\.job\.[0-9a-f]+"
                            r"|celery\.pidbox)$")
     assert "farm\\.reports" in got["write"] and "farm\\.reports" not in got["read"]
 
@@ -130,7 +156,8 @@ def test_rabbitmqctl_listens_on_loopback_only(broker):
     assert {addr for addr, _ in unpinned} & {"00000000", "00000000000000000000000000000000"}, unpinned
 
 
-@pytest.mark.parametrize("listen", ["0:8790", "0.0.0.0:8790", "[::]:8790", "[::0]:8790", ":8790", "wild.test:8790"])
+@pytest.mark.parametrize("listen", ["0:8790", "0.0.0.0:8790", "[::]:8790", "[::0]:8790", "[::ffff:0.0.0.0]:8790",
+                                    ":8790", "wild.test:8790"])
 def test_the_api_refuses_every_address_unless_asked(listen, monkeypatch):
     real = socket.getaddrinfo
 
@@ -140,6 +167,19 @@ def test_the_api_refuses_every_address_unless_asked(listen, monkeypatch):
     with pytest.raises(SystemExit, match="refusing to listen on every address"):
         api.listen_address(Settings(api_listen=listen))
     assert api.listen_address(Settings(api_listen=listen, allow_public_listen=True))[1] == 8790
+
+
+def test_farm_api_refuses_every_address_with_one_line(tmp_path):
+    """The command, as the unit runs it. Its token file is missing, so that a guard that let it
+    through fails on reading it and never binds every address here."""
+    config = tmp_path / "farm.toml"
+    config.write_text('api_listen = "[::]:8790"\napi_token_file = "%s"\n' % (tmp_path / "no-token"))
+    src = str(Path(api.__file__).parent.parent)
+    r = subprocess.run([sys.executable, "-m", "farm", "--config", str(config), "api"], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": src}, timeout=120, check=False)
+    assert r.returncode == 1 and r.stdout == "", (r.stdout, r.stderr)
+    assert r.stderr.splitlines() == ["farm api: refusing to listen on every address ('[::]:8790' resolves to ::): "
+                                     "name one address, or set allow_public_listen = true"], r.stderr
 
 
 def test_the_api_listens_where_the_inventory_says():

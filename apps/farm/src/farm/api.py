@@ -1,6 +1,7 @@
 """The host's HTTP API: the CLI's submit / status / cancel over the same database, behind a bearer
-token, on loopback unless allow_public_listen says otherwise; and for workers without a shared
-filesystem (host_url), bundles by hash and part uploads, behind a second token.
+token, on the address api_listen names (every address only with allow_public_listen); and for
+workers without a shared filesystem (host_url), bundles by hash and part uploads, behind a second
+token.
 
     POST   /v1/jobs        {spec | project + composition [+ props], out, nodes?, verify?} -> 201 {id}
     GET    /v1/jobs        {jobs: [{id, state, frames, out, reason}]}

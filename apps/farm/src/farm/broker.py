@@ -8,7 +8,9 @@ job's add_consumer it declares and consumes that job's queue (farm.job.<id>, wit
 same name), and a retry it should avoid goes back through that exchange. Its reports go to the
 reports exchange, which it may write to but not read from: the reports queue is the coordinator's.
 Which jobs a node serves is decided at run time, so its user may read any job's queue; it may not
-read another node's queues, the reports, or anything outside these names."""
+read another node's queues, the reports, or anything outside these names. Each name of each right was
+left out once against a real broker and the broker refused an operation the worker needs (README
+"One broker user per node" says which)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from farm.config import Settings
 
 PIDBOX = "celery.pidbox"
 REPLY = "reply.celery.pidbox"
-JOBS = r"farm\.job\.[0-9a-f-]+"
+JOBS = r"farm\.job\.[0-9a-f]+"          # a job's id is hex (farm.db)
 
 
 def node_permissions(s: Settings, node: str) -> dict[str, str]:

@@ -194,10 +194,12 @@ def cmd_worker(a, s: Settings) -> int:
         raise SystemExit("farm worker: host_url needs worker_token_file (the workers' bearer token)")
     app = tasks.configure(s, a.node)
     # -c 1: one render at a time per node; prefork, so the main process keeps the broker's heartbeat
-    # while the child renders. The node's own queue is idle until a job's add_consumer.
+    # while the child renders. The node's own queue is idle until a job's add_consumer. No gossip,
+    # mingle or event heartbeat: the coordinator uses none of them (it pings), and with them the
+    # node's broker user would need the celeryev exchange too (README "One broker user per node").
     return app.worker_main(["worker", "-P", "prefork", "-c", "1", "-n", "farm@" + a.node,
                             "-Q", "farm.node." + a.node, "--without-gossip", "--without-mingle",
-                            "-l", a.loglevel]) or 0
+                            "--without-heartbeat", "-l", a.loglevel]) or 0
 
 
 def cmd_coordinator(a, s: Settings) -> int:
@@ -247,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("coordinator", help="the long-running coordinator (host)")
     x = sub.add_parser("broker-permissions", help="a node's broker user and its rights, as JSON (the role sets them)")
     x.add_argument("--node", required=True)
-    sub.add_parser("api", help="the HTTP API (host; loopback unless allow_public_listen)")
+    sub.add_parser("api", help="the HTTP API (host; on api_listen, never every address unless allow_public_listen)")
     sub.add_parser("join", help="join parts: farm join --video P1 P2 ... --audio A1 A2 ... --out OUT")
     a = p.parse_args(argv)
     s = load(a.config)

@@ -28,7 +28,7 @@ class Settings:
     output_dir: str = "/var/lib/farm/out"             # where `farm submit` puts outputs given without a directory
     parts_dir: str = "/srv/farm/parts"                # on the host: parts land in parts_dir/<job>/ (shared with
                                                       # the nodes unless host_url: then uploaded)
-    host_url: str | None = None           # the farm API as the workers reach it (http://172.23.0.2:8790): bundles
+    host_url: str | None = None           # the farm API as the workers reach it (http://172.31.1.254:8790): bundles
                                           # fetched by hash, parts uploaded; None: host and nodes share the dirs
     worker_token_file: str | None = None  # the workers' bearer token (bundles and parts only)
     cache_dir: str = "/var/cache/farm"    # a worker's own: bundles/<hash>, parts/<job>/ before upload
