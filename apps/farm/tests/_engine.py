@@ -207,7 +207,7 @@ class Farm:
             "db_path": str(root / "farm.db"), "parts_dir": str(root / "parts"), "work_dir": str(root / "work"),
             "output_dir": str(root / "out"), "farm_nodes": self.nodes, "never_lend": [tag + "-node2x"],
             "min_chunk": 10, "per_node": 4, "progress_interval_s": 0.5, "reconcile_interval_s": 2.0,
-            "poll_interval_s": 0.2, "failure_backoff_s": 1.5,
+            "poll_interval_s": 0.2, "failure_backoff_s": 1.5, "excuse_wait_s": 3.0, "min_free_gib": 0.1,
             "lease_ttl_s": 30.0, "lease_renew_s": 2.0, "lease_retry_s": 1.0,
             **settings,
         }

@@ -1,15 +1,20 @@
 """A farm coordinator as the tests run it: `farm coordinator`, with faults a test asks for by environment.
 
 FARM_TEST_PUBLISH_FAILS=N  the first N publishes of a chunk fail (as when the broker is away)
+FARM_TEST_CRASH_AT=POINT   SIGKILL of the coordinator at that named step of a job's life (Coordinator.fault),
+                           the first time it is reached while the file FARM_TEST_CRASH_MARK does not exist
+                           (it is made then, so the restarted coordinator goes past)
 """
 
 import os
+import signal
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from farm import cli, tasks
+from farm.coordinator import Coordinator
 
 left = [int(os.environ.get("FARM_TEST_PUBLISH_FAILS", "0"))]
 real_send_task = tasks.app.send_task
@@ -22,5 +27,13 @@ def send_task(name, *args, **kwargs):
     return real_send_task(name, *args, **kwargs)
 
 
+def fault(self, point):
+    mark = os.environ.get("FARM_TEST_CRASH_MARK")
+    if point == os.environ.get("FARM_TEST_CRASH_AT") and mark and not os.path.exists(mark):
+        Path(mark).write_text(point)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 tasks.app.send_task = send_task
+Coordinator.fault = fault
 sys.exit(cli.main(["coordinator", *sys.argv[1:]]))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 from _engine import LeaseStandIn, broker_fixture, make_farm_fixture, smem_fixture, wait_for  # noqa: F401 (fixtures)
@@ -42,10 +43,11 @@ def test_a_job_takes_renews_and_releases_its_lease(make_farm, smem):
     assert smem.calls[-1][0] == "DELETE"
     rows = farm.db.rows("SELECT * FROM leases WHERE job_id=?", (job_id,))
     assert len(rows) == len(posts) and all(r["released_at"] for r in rows)
-    # the nodes went back when the last chunk was rendered, before the join
+    # the nodes went back when the last chunk was rendered (recorded first, then done), before the join's end
     events = [e["text"] for e in farm.db.view(job_id)["events"]]
     joining = next(i for i, e in enumerate(events) if "all chunks rendered" in e)
-    assert max(i for i, e in enumerate(events) if " released" in e) < joining, events
+    done = next(i for i, e in enumerate(events) if e.startswith("done: "))
+    assert joining < max(i for i, e in enumerate(events) if " released" in e) < done, events
 
 
 def test_a_failing_job_releases_its_lease(make_farm, smem):
@@ -109,6 +111,32 @@ def test_a_job_waits_for_nodes_leased_elsewhere(make_farm, smem):
     assert farm.job(job_id)["state"] == "submitted"
     other.release(theirs["id"])
     assert farm.wait_state(job_id, ("done", "failed"), timeout=120)["state"] == "done"
+    assert smem.live() == []
+
+
+def test_a_lost_lease_stops_the_nodes_at_once_and_the_job_waits_for_them(make_farm, smem):
+    """smem lent the nodes to another (the lease had run out): no new chunk starts on them, the ones
+    they render are stopped and re-queued without a charge, and the job goes on once it has them back."""
+    farm = leased_farm(make_farm, smem)
+    farm.start_workers(FARM_TEST_MIN_CHUNK_S="1")
+    farm.start_coordinator()
+    job_id = farm.submit(frames=120)
+    ours = running_with_lease(farm, smem, job_id)
+    wait_for("a chunk rendering", lambda: farm.db.rows(
+        "SELECT 1 FROM attempts WHERE job_id=? AND state='started'", (job_id,)), 60)
+    smem.leases[ours["id"]]["released"] = True               # expired, as smem sees it
+    other = LeaseClient(smem.url, LeaseStandIn.TOKEN)
+    theirs = other.take(farm.nodes, "someone else", 60)
+    wait_for("the job to give its nodes up", lambda: farm.job(job_id)["state"] == "submitted", 30)
+    lost_at = time.time()
+    stopped = farm.db.rows("SELECT * FROM attempts WHERE job_id=? AND state='interrupted'", (job_id,))
+    assert stopped and all(a["charged"] == 0 and "lease lost" in a["error"] for a in stopped)
+    time.sleep(3)
+    assert farm.db.rows("SELECT * FROM attempts WHERE job_id=? AND started_at > ?", (job_id, lost_at + 1)) == []
+    other.release(theirs["id"])
+    job = farm.wait_state(job_id, ("done", "failed"), timeout=180)
+    assert job["state"] == "done", job["reason"]
+    assert farm.db.rows("SELECT * FROM node_failures WHERE job_id=?", (job_id,)) == []
     assert smem.live() == []
 
 

@@ -31,9 +31,9 @@ from starlette.responses import FileResponse, JSONResponse
 from starlette.routing import Route
 
 from farm import remotion, transport
-from farm.cli import check_nodes, project_spec, submit
 from farm.config import Settings
 from farm.db import DB, LIVE
+from farm.jobs import check_nodes, project_spec, submit
 
 SUBMIT_KEYS = {"spec", "project", "composition", "props", "out", "nodes", "verify"}
 
@@ -111,7 +111,9 @@ def build(s: Settings, token: str, worker_token: str | None = None) -> Starlette
         job = db.job(jid)
         if job is None or job["state"] not in LIVE:
             return error(409, "job %s is %s" % (jid, job["state"] if job else "unknown"))
-        return await _store_part(request, Path(s.parts_dir) / jid, name, want)
+        if int(request.headers.get("content-length") or 0) > s.max_part_bytes:
+            return error(413, "a part is at most max_part_bytes (%d bytes)" % s.max_part_bytes)
+        return await _store_part(request, Path(s.parts_dir) / jid, name, want, s.max_part_bytes)
 
     return Starlette(routes=[Route("/v1/jobs", create, methods=["POST"]), Route("/v1/jobs", listing, methods=["GET"]),
                              Route("/v1/jobs/{id}", one, methods=["GET"]),
@@ -133,12 +135,11 @@ async def _submit(s: Settings, body) -> str:
                                                 body.get("props") or {})
     else:
         raise ValueError("spec, or project and composition")
-    if not isinstance(spec, dict) or "frames" not in spec or "fps" not in spec:
-        raise ValueError("the spec needs frames and fps")
-    return submit(s, spec, body["out"], nodes, verify=bool(body.get("verify")), timings=timings)
+    return submit(s, spec, body["out"], nodes, verify=bool(body.get("verify")), timings=timings,
+                  made_here="spec" not in body)
 
 
-async def _store_part(request: Request, folder: Path, name: str, want: str) -> JSONResponse:
+async def _store_part(request: Request, folder: Path, name: str, want: str, limit: int) -> JSONResponse:
     """The body into a temporary file, checked against its sha256, fsynced, then renamed into place:
     under its name a part is whole, and a second upload replaces it whole."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -149,6 +150,8 @@ async def _store_part(request: Request, folder: Path, name: str, want: str) -> J
             async for block in request.stream():
                 h.update(block)
                 size += len(block)
+                if size > limit:      # no Content-Length, or a false one
+                    return error(413, "a part is at most max_part_bytes (%d bytes)" % limit)
                 await run_in_threadpool(f.write, block)
             if h.hexdigest() != want:
                 return error(400, "%s: the body's sha256 is %s, X-Content-SHA256 says %s" % (name, h.hexdigest(), want))

@@ -20,28 +20,7 @@ from farm import broker, join, remotion, tasks
 from farm.config import Settings, load
 from farm.coordinator import Coordinator
 from farm.db import DB, FINAL
-from farm.plan import plan_chunks
-
-
-def check_nodes(s: Settings, asked: list[str] | None) -> list[str]:
-    nodes = list(asked or s.lendable)
-    never = sorted(set(nodes) & set(s.never_lend))
-    if never:
-        raise ValueError("%s is never lent" % ", ".join(never))
-    unknown = sorted(set(nodes) - set(s.farm_nodes))
-    if unknown:    # a job on a node no worker serves would wait for ever
-        raise ValueError("%s: not in farm_nodes (%s)" % (", ".join(unknown), ", ".join(s.farm_nodes)))
-    if not nodes:
-        raise ValueError("no nodes (farm_nodes is empty)")
-    return nodes
-
-
-def project_spec(s: Settings, project: Path, composition: str, props: dict) -> tuple[dict, dict]:
-    """The spec of a Remotion project's job (bundled once) and how long that took: {"bundle_s"}
-    (`remotion bundle` and reading the composition)."""
-    t0 = time.monotonic()
-    spec = remotion.job_spec(Path(project), composition, props, s)
-    return spec, {"bundle_s": round(time.monotonic() - t0, 3)}
+from farm.jobs import check_nodes, project_spec, submit
 
 
 def _spec(a, s: Settings) -> tuple[dict, dict | None]:
@@ -58,28 +37,13 @@ def _spec(a, s: Settings) -> tuple[dict, dict | None]:
             if not isinstance(props, dict):
                 raise SystemExit("farm submit: --props is a JSON object")
             spec, timings = project_spec(s, Path(a.project), a.composition, props)
-        frames, fps = int(spec["frames"]), float(spec["fps"])
     except OSError as e:
         raise SystemExit("farm submit: %s" % e) from None
     except ValueError as e:     # bad JSON, a frame count that is not a number
         raise SystemExit("farm submit: bad input: %s" % e) from None
-    except KeyError as e:
-        raise SystemExit("farm submit: the job's spec has no %s" % e) from None
     except remotion.RemotionError as e:
         raise SystemExit("farm submit: %s" % e) from None
-    if frames < 1 or fps <= 0:
-        raise SystemExit("farm submit: frames and fps must be positive (%r, %r)" % (spec["frames"], spec["fps"]))
     return spec, timings
-
-
-def submit(s: Settings, spec: dict, out: str, nodes: list[str], *, verify: bool = False,
-           timings: dict | None = None) -> str:
-    chunks = plan_chunks(int(spec["frames"]), len(nodes), min_chunk=s.min_chunk, per_node=s.per_node)
-    out_path = Path(out)
-    if not out_path.is_absolute() and out_path.parent == Path("."):
-        out_path = Path(s.output_dir) / out_path
-    return DB(s.db_path).submit(spec, str(out_path), nodes, chunks, frames=int(spec["frames"]),
-                                fps=float(spec["fps"]), verify=verify, timings=timings)
 
 
 # -- showing a job -------------------------------------------------------------------------------
@@ -146,7 +110,10 @@ def cmd_submit(a, s: Settings) -> int:
     except ValueError as e:
         raise SystemExit("farm: %s" % e) from None
     spec, timings = _spec(a, s)
-    job_id = submit(s, spec, a.out, nodes, verify=a.verify, timings=timings)
+    try:
+        job_id = submit(s, spec, a.out, nodes, verify=a.verify, timings=timings, made_here=not a.spec)
+    except ValueError as e:
+        raise SystemExit("farm submit: %s" % e) from None
     print(job_id, flush=True)
     return 0 if a.detach else follow(s, job_id)
 
@@ -193,6 +160,7 @@ def cmd_worker(a, s: Settings) -> int:
     if s.host_url and not s.worker_token_file:
         raise SystemExit("farm worker: host_url needs worker_token_file (the workers' bearer token)")
     app = tasks.configure(s, a.node)
+    tasks.watch_freezes()
     # -c 1: one render at a time per node; prefork, so the main process keeps the broker's heartbeat
     # while the child renders. The node's own queue is idle until a job's add_consumer. No gossip,
     # mingle or event heartbeat: the coordinator uses none of them (it pings), and with them the

@@ -13,6 +13,11 @@ except ImportError:  # the nodes' Python 3.10
 
 NEVER_LENT = "vca-node2"
 FARM_NODES = ["vca-node0", "vca-node1", "vca-node4", "vca-node5"]   # inventory group `farm`
+# One node's render seconds per frame. remotion: the seeds' episode, 15,474 frames in 363 s on one card's
+# three nodes (0.0704 s a frame a node). testsrc: ffmpeg's test pattern at a test's tiny size (an upper
+# bound of `bench/farm_long.py` on the lab).
+RENDER_S_PER_FRAME = {"remotion": 0.0704, "testsrc": 0.005}
+HARD_LIMIT_GRACE_S = 30.0   # after the soft limit: the render's tools stopped and its report sent
 
 
 @dataclass
@@ -34,6 +39,12 @@ class Settings:
     cache_dir: str = "/var/cache/farm"    # a worker's own: bundles/<hash>, parts/<job>/ before upload
     bundle_cache_keep: int = 4            # bundles a worker keeps (least recently used go first)
     attempts: int = 3                     # per chunk, every delivery that started or was lost counts
+    interrupted_report_s: float = 600.0   # a worker that lost the broker mid-render says so for this long
+    excused_attempts: int = 10            # more re-runs of a chunk that are nobody's fault (broker restarts)
+    outage_grace_s: float = 60.0          # a re-delivery this soon after the coordinator's own broker connection
+                                          # came back is the broker's doing (README "Whose fault")
+    excuse_wait_s: float = 30.0           # a re-delivery with no excuse yet waits this long for its node's word
+                                          # (`interrupted`: its link failed) before it is charged to the node
     blocklist_after: int = 3              # a node failing this many chunks of one job is blocklisted for it
     lost_hold_s: float = 1.0              # a worker that reports a lost chunk waits this long before its next
                                           # message: the retry, at the queue's front by then, comes to it
@@ -50,12 +61,24 @@ class Settings:
     never_lend: list = field(default_factory=lambda: ["vca-node2"])
     min_chunk: int = 30                   # frames; farm.plan.plan_chunks
     per_node: int = 4                     # chunks per node
+    # A chunk's size comes from its estimated render time (README "Long jobs"): a long video gets more
+    # chunks, never longer ones, and each chunk's time limits and the broker's consumer_timeout follow.
+    chunk_target_s: float = 300.0         # a chunk's estimated render time on one node, at most
+    render_s_per_frame: dict = field(default_factory=lambda: dict(RENDER_S_PER_FRAME))   # the estimate, by
+                                          # renderer (one node); a job's spec may carry its own s_per_frame
+    chunk_limit_factor: float = 4.0       # a chunk is stopped (soft time limit: it fails, and is retried) at
+    chunk_limit_floor_s: float = 120.0    #   floor + factor x its estimated render time
+    broker_consumer_timeout_s: float = 1800.0   # RabbitMQ's consumer_timeout, as the role sets it from the same
+                                          # bound: every chunk's hard limit must end before it
     progress_interval_s: float = 2.0      # a rendering chunk reports this often
     stale_after_s: float = 30.0           # a chunk silent this long shows as stale, not "rendering"
     silent_after_s: float = 90.0          # an attempt silent this long is given up: revoked, the next one published
     poll_interval_s: float = 0.5
+    report_retry_s: float = 1.0           # a report that could not be applied goes back to the queue after this
     reconcile_interval_s: float = 10.0    # add_consumer is re-sent this often (a restarted worker missed it)
     control_timeout_s: float = 2.0        # replies to add_consumer / cancel_consumer / ping
+    max_part_bytes: int = 4 * 2**30       # an upload larger than this is refused (413)
+    min_free_gib: float = 2.0             # a submit is refused when parts_dir or output_dir has less free
     api_listen: str = "127.0.0.1:8790"   # farm api
     api_token_file: str | None = None     # its bearer token (required)
     allow_public_listen: bool = False     # an api_listen on every address (0.0.0.0, ::, a name resolving to one)
@@ -72,12 +95,46 @@ class Settings:
             raise ValueError("silent_after_s must be longer than two progress_interval_s")
         if self.bundle_cache_keep < 1:
             raise ValueError("bundle_cache_keep must be >= 1")
+        if self.chunk_target_s <= 0 or self.chunk_limit_factor < 1 or self.chunk_limit_floor_s < 0:
+            raise ValueError("chunk_target_s must be > 0, chunk_limit_factor >= 1, chunk_limit_floor_s >= 0")
+        if any(not isinstance(v, (int, float)) or v <= 0 for v in self.render_s_per_frame.values()):
+            raise ValueError("render_s_per_frame: seconds per frame, each > 0: %r" % (self.render_s_per_frame,))
+        longest = self.hard_limit_s(self.chunk_target_s)
+        if longest >= self.broker_consumer_timeout_s:
+            raise ValueError("a chunk of chunk_target_s %g s may run %g s (its hard limit), not shorter than the"
+                             " broker's consumer_timeout (broker_consumer_timeout_s %g s): the broker would take"
+                             " it back mid-render" % (self.chunk_target_s, longest, self.broker_consumer_timeout_s))
         # Node 2 keeps smem's interactive lane whole: a config may add to the list, never drop it.
         self.never_lend = sorted(set(self.never_lend) | {NEVER_LENT})
 
     @property
     def lendable(self) -> list[str]:
         return [n for n in self.farm_nodes if n not in self.never_lend]
+
+    def s_per_frame(self, spec: dict) -> float:
+        """The job's own estimate (its spec's s_per_frame), else its renderer's."""
+        own = spec.get("s_per_frame")
+        if own is not None:
+            if not isinstance(own, (int, float)) or isinstance(own, bool) or own <= 0:
+                raise ValueError("s_per_frame is seconds per frame, > 0, not %r" % (own,))
+            return float(own)
+        return float(self.render_s_per_frame.get(spec.get("renderer") or "remotion",
+                                                 max(self.render_s_per_frame.values())))
+
+    def max_chunk(self, spec: dict) -> int:
+        """The most frames one chunk may have: chunk_target_s of render time at the estimate."""
+        return max(1, int(self.chunk_target_s / self.s_per_frame(spec)))
+
+    def soft_limit_s(self, estimate_s: float) -> float:
+        return self.chunk_limit_floor_s + self.chunk_limit_factor * estimate_s
+
+    def hard_limit_s(self, estimate_s: float) -> float:
+        return self.soft_limit_s(estimate_s) + HARD_LIMIT_GRACE_S
+
+    def chunk_limits(self, spec: dict, frames: int) -> tuple[float, float]:
+        """(soft, hard) time limit of a chunk of that many frames."""
+        estimate = frames * self.s_per_frame(spec)
+        return self.soft_limit_s(estimate), self.hard_limit_s(estimate)
 
     def node_user(self, node: str) -> str:
         return self.node_user_prefix + node

@@ -39,6 +39,13 @@ HOLDER = "farm job "
 LOST_PRIORITY = 9
 
 
+def verified_text(v: dict) -> str:
+    frames = "verified: %s frames" % v.get("frames")
+    if v.get("offsetMs") is None:
+        return frames + ", audio: not checked (--verify checks it)"
+    return frames + ", audio offset %.3f ms, drift %.3f ms" % (v["offsetMs"], v.get("driftMs") or 0.0)
+
+
 def worker_name(node: str) -> str:
     return "farm@" + node
 
@@ -64,6 +71,12 @@ class Coordinator:
         self.reports_q = Queue(settings.reports_queue, tasks.reports_exchange(settings),
                                routing_key=settings.reports_queue)
         self.refused_reports = 0
+        self.outage_since: float | None = None         # the coordinator's own broker connection is down since
+        self.outages: list[tuple[float, float]] = []   # (lost, back) of each outage it saw
+
+    def fault(self, point: str) -> None:
+        """A named step of a job's life; the tests' wrapper (tests/coordinator_main.py) kills the process
+        here. Nothing in production."""
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self, stop: threading.Event | None = None) -> None:
@@ -77,6 +90,10 @@ class Coordinator:
         while not stop.is_set():
             try:
                 conn.ensure_connection(max_retries=None, interval_max=5)
+                if self.outage_since is not None:     # the broker is back: README "Whose fault"
+                    self.outages.append((self.outage_since, time.time()))
+                    self.outage_since = None
+                    self.up_since = time.time()       # the reports of the outage's length were not sent
                 with conn.Consumer([self.reports_q], callbacks=[self._on_report], accept=["json"],
                                    prefetch_count=100):
                     while not stop.is_set():
@@ -90,6 +107,8 @@ class Coordinator:
                             last_tick = time.monotonic()
             except conn.recoverable_connection_errors + conn.recoverable_channel_errors as e:
                 log.warning("broker connection lost (%s); reconnecting", e)
+                if self.outage_since is None:
+                    self.outage_since = time.time()
                 conn = conn.clone()
         conn.release()
         self.pool.shutdown(wait=True)
@@ -105,12 +124,18 @@ class Coordinator:
             return
         try:
             self.apply(body)
-        except Exception:
-            log.exception("report %r not applied", body)
+            self.fault("report:applied")
+        except Exception:   # SQLite busy, a full disk: back to the queue, and applied again later
+            log.exception("report %r not applied; requeued", body)
+            time.sleep(self.s.report_retry_s)
+            message.requeue()
+            return
         message.ack()
 
     def tick(self) -> None:
         now = time.time()
+        self.apply_outbox()
+        self._settle(now)
         for row in self.db.rows("SELECT id FROM jobs WHERE state IN ('submitted','running','joining')"
                                 " OR (state IN ('done','failed','cancelled') AND nodes_released=0)"):
             job = self.db.job(row["id"])
@@ -146,10 +171,11 @@ class Coordinator:
         jid = job["id"]
         left = self.db.one("SELECT count(*) AS n FROM chunks WHERE job_id=? AND state!='done'", (jid,))["n"]
         if left == 0:
-            self.release_nodes(job)
             with self.db.tx() as c:
                 c.execute("UPDATE jobs SET state='joining' WHERE id=?", (jid,))
-                self.db.event(jid, "all chunks rendered; nodes given back; joining", c)
+                self.db.event(jid, "all chunks rendered; giving the nodes back; joining", c)
+            self.fault("joining:recorded")
+            self.release_nodes(self.db.job(jid))
             return
         self._publish_pending(job)          # what a failed publish left (the broker was away, say)
         self._watchdog(job, now)
@@ -169,7 +195,9 @@ class Coordinator:
 
     # -- start-up ---------------------------------------------------------------------------------
     def recover(self) -> None:
-        """Jobs no longer live give their leases and consumers back; live ones go on."""
+        """What the last run decided and did not do is done first (the outbox); then jobs no longer
+        live give their leases and consumers back; live ones go on."""
+        self.apply_outbox()
         for row in self.db.rows("SELECT id FROM jobs WHERE nodes_released=0 AND (state IN ('done','failed',"
                                 "'cancelled','joining') OR (cancel_requested=1 AND state IN ('submitted','running')))"):
             job = self.db.job(row["id"])
@@ -224,6 +252,7 @@ class Coordinator:
             for ch in self.db.rows("SELECT idx FROM chunks WHERE job_id=? AND attempts=0", (jid,)):
                 self._new_attempt(c, jid, ch["idx"])
             c.execute("UPDATE jobs SET state='running', started_at=? WHERE id=?", (time.time(), jid))
+        self.fault("begin:running")
         self.due[("renew", jid)] = time.monotonic() + self.s.lease_renew_s
         self._add_consumers(job, reply=True)
         self._publish_pending(job)
@@ -237,30 +266,50 @@ class Coordinator:
         return aid
 
     def _publish_pending(self, job: dict) -> None:
-        """Attempts recorded but not yet on the broker; one that fails to go is tried again at the next
-        tick. A crash between the publish and the mark publishes one twice: harmless, the first `done`
-        of a chunk counts and the join is by index."""
+        """Attempts recorded but not yet on the broker (the outbox of retries); one that fails to go is
+        tried again at the next tick. A crash between the publish and the mark publishes one twice:
+        harmless, the first `done` of a chunk counts and the join is by index. Each goes with its time
+        limits (from its frames: README "Long jobs") and the nodes it should avoid."""
         q = queue_of(job["id"])
-        for a in self.db.rows("SELECT a.id, a.idx, a.priority, a.avoid, c.first, c.last FROM attempts a JOIN chunks c"
+        for a in self.db.rows("SELECT a.id, a.idx, a.priority, c.first, c.last FROM attempts a JOIN chunks c"
                               " ON c.job_id=a.job_id AND c.idx=a.idx WHERE a.job_id=? AND a.published=0"
                               " AND a.state='queued' ORDER BY a.n, a.idx", (job["id"],)):
             kwargs = {"job": job["id"], "index": a["idx"], "first": a["first"], "last": a["last"], "spec": job["spec"]}
-            if a["avoid"]:
-                kwargs["avoid"] = json.loads(a["avoid"])
+            avoid = self._avoid(job, a["idx"])
+            if avoid:
+                kwargs["avoid"] = avoid
+            soft, hard = self.s.chunk_limits(job["spec"], a["last"] - a["first"] + 1)
             try:
                 self.app.send_task("farm.render", task_id=a["id"], queue=q, ignore_result=True,
-                                   priority=a["priority"], kwargs=kwargs)
+                                   priority=a["priority"], kwargs=kwargs, soft_time_limit=soft, time_limit=hard)
             except Exception as e:
                 log.warning("job %s: attempt %s not published (%s: %s); trying again", job["id"], a["id"],
                             type(e).__name__, e)
                 return
-            self.db.c.execute("UPDATE attempts SET published=1 WHERE id=?", (a["id"],))
+            self.db.c.execute("UPDATE attempts SET published=1, avoid=? WHERE id=?",
+                              (json.dumps(avoid) if avoid else None, a["id"]))
+
+    def _avoid(self, job: dict, idx: int) -> list[str]:
+        """Every node that failed this chunk (its own fault), while another node of the job, not
+        blocklisted, answers a ping; else (no other node left) none: any node may take it."""
+        failed = sorted({r["node"] for r in self.db.rows(
+            "SELECT node FROM attempts WHERE job_id=? AND idx=? AND charged=1 AND node IS NOT NULL", (job["id"], idx))})
+        others = [n for n in self._nodes_for(job) if n not in failed]
+        if not failed or not others:
+            return []
+        try:
+            alive = self.app.control.ping(destination=[worker_name(n) for n in others],
+                                          timeout=self.s.control_timeout_s, limit=1)
+        except Exception as e:
+            log.warning("ping of %s: %s", others, e)
+            return []
+        return failed if alive else []
 
     def _watchdog(self, job: dict, now: float) -> None:
         """A started attempt not heard of for silent_after_s is lost (its reports cannot get out, or the
-        coordinator's publish of them failed): revoked, and the next attempt goes out. Queued ones wait
-        for a free worker however long. The coordinator's own clock, and only once it has been up that
-        long: the reports of a coordinator that was down wait in the queue."""
+        coordinator's publish of them failed): revoked, and charged to its node. Queued ones wait for a
+        free worker however long. The coordinator's own clock, and only once it has been up (and
+        connected) that long: the reports of a coordinator that was down wait in the queue."""
         quiet = self.s.silent_after_s
         if now - self.up_since < quiet:
             return
@@ -270,9 +319,127 @@ class Coordinator:
             why = "silent for %.0f s (silent_after_s %g): given up, revoked" % (
                 now - (a["heard_at"] or a["started_at"]), quiet)
             with self.db.tx() as c:
-                follow = self._attempt_failed(c, job, a, {"event": "lost", "ts": now, "error": why})
-            if follow:
-                follow()
+                self._attempt_failed(c, job, a, {"event": "lost", "ts": now, "error": why, "silent": True})
+
+    def _excuse(self, a: dict, r: dict, now: float) -> str | None:
+        """Why a re-delivered attempt is nobody's fault, or None (not known yet)."""
+        for lost, back in self.outages + ([(self.outage_since, now)] if self.outage_since else []):
+            if (a["started_at"] or 0) <= back and now - back <= self.s.outage_grace_s:
+                return "the broker was away (the coordinator's own connection was lost %s, back %s)" % (
+                    time.strftime("%H:%M:%S", time.localtime(lost)), time.strftime("%H:%M:%S", time.localtime(back)))
+        return None
+
+    def _attempt_failed(self, c, job: dict, a: dict, r: dict) -> None:
+        """Records a failed or lost attempt and, in the same transaction, what follows from it (a
+        charge, a retry, the chunk's or the job's end). Whose fault: README "Whose fault"."""
+        jid, idx, ev, now = job["id"], a["idx"], r["event"], time.time()
+        node = a["node"] if ev == "lost" else r["node"]   # lost: the node that started it, not the one that saw it
+        why = r.get("error") or "lost: its worker died or hung (re-delivered by the broker)"
+        if ev == "failed" or r.get("silent") or not node:
+            charged, excuse = (1 if node else 0), None
+        else:
+            excuse = self._excuse(a, r, now)
+            charged = 0 if excuse else None                 # None: waits excuse_wait_s for its node's word
+        c.execute("UPDATE attempts SET state=?, finished_at=?, error=?, node=coalesce(node, ?), charged=?, lost_at=?"
+                  " WHERE id=?", (ev, r.get("ts"), why + ("; not charged: " + excuse if excuse else ""), node,
+                                  charged, now, a["id"]))
+        chunk = dict(c.execute("SELECT * FROM chunks WHERE job_id=? AND idx=?", (jid, idx)).fetchone())
+        if chunk["state"] == "done":
+            return
+        self.db.event(jid, "chunk %d attempt %d on %s: %s%s" % (
+            idx, a["n"], node or "?", why, "; not charged: " + excuse if excuse else
+            "; charged to the node" if charged else "; waiting for the node's word before charging it"), c)
+        if charged:
+            self._charge(c, job, {**a, "node": node}, why)
+        self._decide_chunk(c, job, idx, LOST_PRIORITY if ev == "lost" else 0)
+
+    def _charge(self, c, job: dict, a: dict, why: str) -> None:
+        jid, node = job["id"], a["node"]
+        c.execute("INSERT OR IGNORE INTO node_failures(job_id, node, idx, attempt_id, reason, at)"
+                  " VALUES (?,?,?,?,?,?)", (jid, node, a["idx"], a["id"], why, time.time()))
+        fails = c.execute("SELECT count(DISTINCT idx) FROM node_failures WHERE job_id=? AND node=?",
+                          (jid, node)).fetchone()[0]
+        if fails >= self.s.blocklist_after and c.execute("INSERT OR IGNORE INTO blocklist(job_id, node, at)"
+                                                          " VALUES (?,?,?)", (jid, node, time.time())).rowcount:
+            self.db.event(jid, "%s blocklisted for this job: %d chunks failed there" % (node, fails), c)
+            self._outbox(c, jid, "cancel_consumers", {"nodes": [node]})
+            blocked = {r[0] for r in c.execute("SELECT node FROM blocklist WHERE job_id=?", (jid,))}
+            if not set(job["nodes"]) - blocked:
+                self._end_tx(c, job, "failed", "every node of the job is blocklisted")
+
+    def _decide_chunk(self, c, job: dict, idx: int, priority: int = 0) -> None:
+        """A chunk not done with no attempt under way: a retry, the chunk's end (and the job's), or a
+        wait for undecided charges. Idempotent: the tick runs it again after a charge is settled."""
+        jid = job["id"]
+        if c.execute("SELECT state FROM jobs WHERE id=?", (jid,)).fetchone()[0] not in LIVE:
+            return
+        chunk = dict(c.execute("SELECT * FROM chunks WHERE job_id=? AND idx=?", (jid, idx)).fetchone())
+        tried = [dict(t) for t in c.execute("SELECT n, node, state, error, charged FROM attempts WHERE job_id=?"
+                                            " AND idx=? ORDER BY n", (jid, idx))]
+        if chunk["state"] != "queued" or any(t["state"] in ("queued", "started") for t in tried):
+            return
+        charged = sum(1 for t in tried if t["charged"] == 1)
+        undecided = sum(1 for t in tried if t["charged"] is None and t["state"] == "lost")
+        reason = None
+        if charged >= self.s.attempts:
+            reason = "chunk %d (frames %d-%d) failed %d attempts (the cap)" % (
+                idx, chunk["first"], chunk["last"], charged)
+        elif len(tried) >= self.s.attempts + self.s.excused_attempts:
+            reason = "chunk %d (frames %d-%d) was re-run %d times (attempts + excused_attempts)" % (
+                idx, chunk["first"], chunk["last"], len(tried))
+        elif charged + undecided >= self.s.attempts:
+            return          # the cap, if the losses are charged: decided when they are (_settle)
+        if reason:
+            reason += ": " + "; ".join("#%d on %s: %s" % (t["n"], t["node"] or "?", t["error"]) for t in tried)
+            c.execute("UPDATE chunks SET state='failed', reason=? WHERE job_id=? AND idx=?", (reason, jid, idx))
+            self._end_tx(c, job, "failed", reason)
+        else:
+            self._new_attempt(c, jid, idx, priority)
+
+    def _settle(self, now: float) -> None:
+        """Losses still undecided after excuse_wait_s are the node's fault: charged, and their chunks
+        decided (also in a job that has ended since: the charge is the node's record)."""
+        for a in self.db.rows("SELECT * FROM attempts WHERE state='lost' AND charged IS NULL AND lost_at < ?",
+                              (now - self.s.excuse_wait_s,)):
+            job = self.db.job(a["job_id"])
+            with self.db.tx() as c:
+                c.execute("UPDATE attempts SET charged=1 WHERE id=?", (a["id"],))
+                self.db.event(a["job_id"], "chunk %d attempt %d: no word from %s in %g s (excuse_wait_s): charged"
+                              % (a["idx"], a["n"], a["node"], self.s.excuse_wait_s), c)
+                self._charge(c, job, a, a["error"])
+                self._decide_chunk(c, job, a["idx"], LOST_PRIORITY)
+
+    def _interrupted(self, job: dict, a: dict, r: dict) -> None:
+        """The attempt's own worker says it lost its broker connection while rendering it (and stopped
+        the render): not its fault. Re-run at once if the broker has not re-delivered it yet."""
+        if r["node"] != a["node"] or a["state"] not in ("started", "lost") or a["charged"] is not None:
+            return
+        why = "interrupted: %s lost its broker connection mid-render" % r["node"]
+        with self.db.tx() as c:
+            c.execute("UPDATE attempts SET state=CASE state WHEN 'started' THEN 'interrupted' ELSE state END,"
+                      " charged=0, error=?, finished_at=coalesce(finished_at, ?) WHERE id=?",
+                      (why, r.get("ts"), a["id"]))
+            self.db.event(job["id"], "chunk %d attempt %d: %s; not charged" % (a["idx"], a["n"], why), c)
+            self._decide_chunk(c, job, a["idx"], LOST_PRIORITY)
+
+    def _outbox(self, c, jid: str, action: str, args: dict) -> None:
+        c.execute("INSERT INTO outbox(job_id, action, args, created_at) VALUES (?,?,?,?)",
+                  (jid, action, json.dumps(args), time.time()))
+
+    def apply_outbox(self) -> None:
+        """The broker-side steps decided in a transaction: each applied, then marked done. Applying one
+        twice does nothing more (a revoke, a cancel_consumer)."""
+        for row in self.db.rows("SELECT * FROM outbox WHERE done_at IS NULL ORDER BY id"):
+            args = json.loads(row["args"])
+            try:
+                if row["action"] == "revoke":
+                    self.app.control.revoke(args["ids"], terminate=True, signal="SIGTERM")
+                elif row["action"] == "cancel_consumers":
+                    self._cancel_consumers(row["job_id"], args["nodes"])
+            except Exception as e:
+                log.warning("job %s: %s not done yet (%s: %s)", row["job_id"], row["action"], type(e).__name__, e)
+                return
+            self.db.c.execute("UPDATE outbox SET done_at=? WHERE id=?", (time.time(), row["id"]))
 
     def _nodes_for(self, job: dict) -> list[str]:
         blocked = {r["node"] for r in self.db.rows("SELECT node FROM blocklist WHERE job_id=?", (job["id"],))}
@@ -311,14 +478,39 @@ class Coordinator:
         lease = {"id": row["id"], "nodes": json.loads(row["nodes"])}
         try:
             new = self.leases.renew(lease, HOLDER + job["id"], self.s.lease_ttl_s)
-        except (LeaseError, LeaseConflict, httpx.HTTPError) as e:
-            return self.db.event(job["id"], "lease %s not renewed: %s" % (row["id"], e))
+        except LeaseConflict as e:      # it had expired, and smem lent the nodes to another since
+            return self._lease_lost(job, row, "its nodes are leased to another now (%s)" % e)
+        except (LeaseError, httpx.HTTPError) as e:
+            self.db.event(job["id"], "lease %s not renewed: %s" % (row["id"], e))
+            if time.time() > (row["renewed_at"] or row["taken_at"]) + self.s.lease_ttl_s - self.s.lease_renew_s:
+                self._lease_lost(job, row, "not renewed before it runs out (%s)" % e)
+            return
         with self.db.tx() as c:
             if new["id"] != row["id"]:
                 c.execute("UPDATE leases SET released_at=? WHERE id=?", (time.time(), row["id"]))
                 self._record_lease(job["id"], new, c)
             c.execute("UPDATE leases SET renewed_at=?, expires_at=? WHERE id=?",
                       (time.time(), new.get("expiresAt"), new["id"]))
+
+    def _lease_lost(self, job: dict, row: dict, why: str) -> None:
+        """The job may no longer use its nodes: at once no new chunks for them (consumers cancelled),
+        the chunks they render stopped and re-queued (not charged), and the job waits for a lease again
+        (state submitted: begin() takes one and brings the consumers back)."""
+        jid = job["id"]
+        with self.db.tx() as c:
+            started = [dict(r) for r in c.execute("SELECT * FROM attempts WHERE job_id=? AND state='started'", (jid,))]
+            c.execute("UPDATE attempts SET state='interrupted', charged=0, error=?, finished_at=? WHERE job_id=?"
+                      " AND state='started'", ("lease lost: " + why, time.time(), jid))
+            c.execute("UPDATE leases SET released_at=? WHERE id=?", (time.time(), row["id"]))
+            c.execute("UPDATE jobs SET state='submitted' WHERE id=?", (jid,))
+            self._outbox(c, jid, "cancel_consumers", {"nodes": [n for n in job["nodes"] if n not in self.s.never_lend]})
+            if started:
+                self._outbox(c, jid, "revoke", {"ids": [a["id"] for a in started]})
+            self.db.event(jid, "lease %s lost: %s; its nodes stop, %d chunks re-queued, waiting for a lease again"
+                          % (row["id"], why, len(started)), c)
+            for a in started:
+                self._decide_chunk(c, job, a["idx"], LOST_PRIORITY)
+        self.apply_outbox()
 
     def _record_lease(self, jid: str, lease: dict, c=None) -> None:
         (c or self.db.c).execute("INSERT INTO leases(id, job_id, nodes, taken_at, expires_at) VALUES (?,?,?,?,?)",
@@ -333,25 +525,23 @@ class Coordinator:
         self.db.event(jid, "lease %s %s" % (lease_id, "released" if released else "was no longer live"))
 
     def release_nodes(self, job: dict) -> None:
-        """Consumers cancelled, the job's queue deleted, its lease given back (the last, whatever failed)."""
-        jid, ok = job["id"], True
+        """Consumers cancelled and the job's queue deleted, then (only then) its lease given back."""
+        jid = job["id"]
         try:
             # every node of the job, not only those recorded: one that missed a cancel gets it again
             nodes = {r["node"] for r in self.db.rows("SELECT node FROM consumers WHERE job_id=?", (jid,))}
             self._cancel_consumers(jid, sorted(nodes | set(job["nodes"]) - set(self.s.never_lend)))
             self._delete_queue(jid)
-        except Exception as e:
-            ok = False
-            self.db.event(jid, "consumers or queue not cleaned up yet (%s: %s); trying again" % (type(e).__name__, e))
-        finally:
-            try:
-                for row in self.db.rows("SELECT id FROM leases WHERE job_id=? AND released_at IS NULL", (jid,)):
-                    self._release_lease(row["id"], jid)
-            except (LeaseError, httpx.HTTPError) as e:
-                ok = False
-                self.db.event(jid, "lease not released yet (smem: %s); trying again" % e)
-        if ok:
-            self.db.c.execute("UPDATE jobs SET nodes_released=1 WHERE id=?", (jid,))
+        except Exception as e:   # the lease stays: smem must not lend nodes that may still take our chunks
+            return self.db.event(jid, "consumers or queue not cleaned up yet (%s: %s); the lease is kept; trying"
+                                 " again" % (type(e).__name__, e))
+        self.fault("release:consumers")
+        try:
+            for row in self.db.rows("SELECT id FROM leases WHERE job_id=? AND released_at IS NULL", (jid,)):
+                self._release_lease(row["id"], jid)
+        except (LeaseError, httpx.HTTPError) as e:
+            return self.db.event(jid, "lease not released yet (smem: %s); trying again" % e)
+        self.db.c.execute("UPDATE jobs SET nodes_released=1 WHERE id=?", (jid,))
 
     def _delete_queue(self, jid: str) -> None:
         """Once no worker consumes it. A worker answers cancel_consumer before it acts on it; a queue
@@ -368,21 +558,27 @@ class Coordinator:
                     raise
                 time.sleep(0.1)
 
-    def end(self, job: dict, state: str, reason: str) -> None:
+    def _end_tx(self, c, job: dict, state: str, reason: str) -> None:
+        """The job's end, in the caller's transaction: its state, its attempts revoked (the revoke itself
+        in the outbox), and its nodes left to give back (nodes_released=0: the tick and the start-up
+        release them). Nothing of it waits for code that runs after the commit."""
         jid = job["id"]
-        try:
-            pending = [a["id"] for a in self.db.rows(
-                "SELECT id FROM attempts WHERE job_id=? AND state IN ('queued','started')", (jid,))]
-            if pending:    # stop the renders in progress; the queue goes with release_nodes
-                self.app.control.revoke(pending, terminate=True, signal="SIGTERM")
-        finally:
-            with self.db.tx() as c:
-                c.execute("UPDATE jobs SET state=?, reason=?, finished_at=? WHERE id=?",
-                          (state, reason, time.time(), jid))
-                c.execute("UPDATE attempts SET state='revoked' WHERE job_id=? AND state IN ('queued','started')",
-                          (jid,))
-                self.db.event(jid, "%s: %s" % (state, reason), c)
-            self.release_nodes(job)
+        if c.execute("SELECT state FROM jobs WHERE id=?", (jid,)).fetchone()[0] not in LIVE:
+            return
+        pending = [r[0] for r in c.execute("SELECT id FROM attempts WHERE job_id=? AND state IN ('queued','started')",
+                                           (jid,))]
+        c.execute("UPDATE jobs SET state=?, reason=?, finished_at=? WHERE id=?", (state, reason, time.time(), jid))
+        c.execute("UPDATE attempts SET state='revoked' WHERE job_id=? AND state IN ('queued','started')", (jid,))
+        if pending:        # stop the renders in progress; the queue goes with release_nodes
+            self._outbox(c, jid, "revoke", {"ids": pending})
+        self.db.event(jid, "%s: %s" % (state, reason), c)
+
+    def end(self, job: dict, state: str, reason: str) -> None:
+        with self.db.tx() as c:
+            self._end_tx(c, job, state, reason)
+        self.fault("end:recorded")
+        self.apply_outbox()
+        self.release_nodes(self.db.job(job["id"]))
 
     # -- reports from the workers -----------------------------------------------------------------
     def apply(self, r: dict) -> None:
@@ -390,8 +586,11 @@ class Coordinator:
         a = self.db.one("SELECT * FROM attempts WHERE id=?", (r.get("attempt", ""),))
         if job is None or a is None or job["state"] != "running":
             return
+        if r.get("event") == "interrupted":
+            return self._interrupted(job, a, r)
         ev, ts, jid, idx = r["event"], r.get("ts", time.time()), job["id"], a["idx"]
-        follow = None
+        if ev == "done" and (bad := self._bad_parts(jid, idx, r)):
+            r, ev = {**r, "event": "failed", "error": bad}, "failed"
         with self.db.tx() as c:
             heard = time.time()
             if ev == "started" and a["state"] == "queued":
@@ -415,71 +614,20 @@ class Coordinator:
                     self.db.event(jid, "chunk %d rendered again by %s: ignored, the first one counts"
                                   % (idx, r["node"]), c)
             elif ev in ("failed", "lost") and a["state"] in ("queued", "started"):
-                follow = self._attempt_failed(c, job, a, r)
-        if follow:
-            follow()
+                self._attempt_failed(c, job, a, r)
+        if self.db.job(jid)["state"] not in LIVE:
+            self.fault("end:recorded")
 
-    def _attempt_failed(self, c, job: dict, a: dict, r: dict):
-        jid, idx = job["id"], a["idx"]
-        ev = r["event"]
-        node = a["node"] if ev == "lost" else r["node"]   # lost: the node that started it, not the one that saw it
-        why = r.get("error") or "lost: its worker died or hung (re-delivered by the broker)"
-        c.execute("UPDATE attempts SET state=?, finished_at=?, error=?, node=coalesce(node, ?) WHERE id=?",
-                  (ev, r.get("ts"), why, node, a["id"]))
-        chunk = dict(c.execute("SELECT * FROM chunks WHERE job_id=? AND idx=?", (jid, idx)).fetchone())
-        if chunk["state"] == "done":
-            return None
-        self.db.event(jid, "chunk %d attempt %d on %s: %s" % (idx, a["n"], node or "?", why), c)
-        actions = []
-        if node:
-            c.execute("INSERT OR IGNORE INTO node_failures(job_id, node, idx, attempt_id, reason, at)"
-                      " VALUES (?,?,?,?,?,?)", (jid, node, idx, a["id"], why, time.time()))
-            fails = c.execute("SELECT count(DISTINCT idx) FROM node_failures WHERE job_id=? AND node=?",
-                              (jid, node)).fetchone()[0]
-            if fails >= self.s.blocklist_after and c.execute("INSERT OR IGNORE INTO blocklist(job_id, node, at)"
-                                                              " VALUES (?,?,?)", (jid, node, time.time())).rowcount:
-                self.db.event(jid, "%s blocklisted for this job: %d chunks failed there" % (node, fails), c)
-                actions.append(lambda: self._cancel_consumers(jid, [node]))
-                blocked = {r[0] for r in c.execute("SELECT node FROM blocklist WHERE job_id=?", (jid,))}
-                if not set(job["nodes"]) - blocked:
-                    actions.append(lambda: self.end(job, "failed", "every node of the job is blocklisted"))
-        pending = c.execute("SELECT count(*) FROM attempts WHERE job_id=? AND idx=? AND state IN ('queued','started')",
-                            (jid, idx)).fetchone()[0]
-        if pending:
-            pass                                         # another copy of it is under way
-        elif chunk["attempts"] >= self.s.attempts:
-            tried = c.execute("SELECT n, node, error FROM attempts WHERE job_id=? AND idx=? ORDER BY n",
-                              (jid, idx)).fetchall()
-            reason = "chunk %d (frames %d-%d) failed %d attempts (the cap): %s" % (
-                idx, chunk["first"], chunk["last"], len(tried),
-                "; ".join("#%d on %s: %s" % (t[0], t[1] or "?", t[2]) for t in tried))
-            c.execute("UPDATE chunks SET state='failed', reason=? WHERE job_id=? AND idx=?", (reason, jid, idx))
-            actions.append(lambda: self.end(job, "failed", reason))
-        else:
-            aid = self._new_attempt(c, jid, idx, LOST_PRIORITY if ev == "lost" else 0)
-            actions.append(lambda: self._avoid(job, aid, node))
-            actions.append(lambda: self._publish_pending(job))
-
-        def follow():
-            for act in actions:
-                if self.db.job(jid)["state"] in LIVE:
-                    act()
-        return follow
-
-    def _avoid(self, job: dict, aid: str, node: str | None) -> None:
-        """The retry's message carries avoid: [node] while another node of the job, not blocklisted,
-        answers a ping; else (no other node left) any node may take it, the failed one included."""
-        others = [n for n in self._nodes_for(job) if n != node]
-        if not node or not others:
-            return
-        try:
-            alive = self.app.control.ping(destination=[worker_name(n) for n in others],
-                                          timeout=self.s.control_timeout_s, limit=1)
-        except Exception as e:
-            log.warning("ping of %s: %s", others, e)
-            return
-        if alive:
-            self.db.c.execute("UPDATE attempts SET avoid=? WHERE id=?", (json.dumps([node]), aid))
+    def _bad_parts(self, jid: str, idx: int, r: dict) -> str | None:
+        """Why a done report's parts are not this chunk's files in parts_dir/<job>/ (they become ffmpeg's
+        inputs, read with -safe 0), or None."""
+        folder = (Path(self.s.parts_dir) / jid).resolve()
+        for key, ext in (("video", ".ts"), ("audio", ".wav")):
+            name = r.get(key)
+            want = "part-%05d%s" % (idx, ext)
+            if not isinstance(name, str) or (Path(self.s.parts_dir) / name).resolve() != folder / want:
+                return "bad report: its %s is %r, not %s/%s" % (key, name, jid, want)
+        return None
 
     # -- the end: join and verify (a thread: the loop goes on meanwhile) -----------------------------------
     def _join(self, job: dict, chunks: list[dict]) -> dict:
@@ -491,7 +639,8 @@ class Coordinator:
         joined = media_join.join([parts / c["video"] for c in chunks], [parts / c["audio"] for c in chunks],
                                  out, fps=job["fps"])
         t1 = time.monotonic()
-        spec, frames, ref, kw = job["spec"], job["frames"], Path(self.s.work_dir) / "verify" / job["id"], {}
+        spec = tasks.worker_spec(job["spec"], self.s)     # the host's own executables, never the job's
+        frames, ref, kw = job["frames"], Path(self.s.work_dir) / "verify" / job["id"], {}
         if job["verify"] or spec.get("renderer") == "testsrc":   # testsrc's reference tone costs nothing
             ref.mkdir(parents=True, exist_ok=True)
             kw["reference_audio"] = media_render.reference_audio(spec, frames, ref / "reference.wav")
@@ -513,8 +662,7 @@ class Coordinator:
             return self._finish(job, "failed", "join failed: %s: %s" % (type(e).__name__, e), None)
         v = result["verify"]
         if v.get("ok"):
-            self._finish(job, "done", "verified: %s frames, audio offset %s ms, drift %s ms" % (
-                v.get("frames"), v.get("offsetMs"), v.get("driftMs")), result)
+            self._finish(job, "done", verified_text(v), result)
         else:
             self._finish(job, "failed", "verification failed: " + "; ".join(v.get("reasons") or ["not ok"]), result)
 

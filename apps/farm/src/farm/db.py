@@ -44,13 +44,20 @@ CREATE TABLE IF NOT EXISTS leases (
   expires_at TEXT, renewed_at REAL, released_at REAL);
 CREATE TABLE IF NOT EXISTS events (
   job_id TEXT NOT NULL, at REAL NOT NULL, text TEXT NOT NULL);
+-- The coordinator's next steps toward the broker, written in the transaction that decided them and
+-- applied (idempotently) after it, at every tick and at start-up: README "Crash safety".
+CREATE TABLE IF NOT EXISTS outbox (
+  id INTEGER PRIMARY KEY, job_id TEXT NOT NULL, action TEXT NOT NULL, args TEXT NOT NULL,
+  created_at REAL NOT NULL, done_at REAL);
 CREATE INDEX IF NOT EXISTS attempts_chunk ON attempts(job_id, idx);
 CREATE INDEX IF NOT EXISTS events_job ON events(job_id, at);
 """
 # Columns added since the first slice: a database it made gets them at the next open.
 # attempts.heard_at is the coordinator's clock (the watchdog's), last_report_at the worker's.
 ADDED = [("jobs", "timings", "TEXT"), ("chunks", "timings", "TEXT"), ("attempts", "avoid", "TEXT"),
-         ("attempts", "heard_at", "REAL")]
+         ("attempts", "heard_at", "REAL"), ("attempts", "charged", "INTEGER"), ("attempts", "lost_at", "REAL")]
+# attempts.charged: 1 the node's fault (it counts against the chunk's attempts and the node), 0 not (a broker
+# fault), NULL not decided yet (a loss waiting for its excuse; README "Whose fault")
 TIMINGS = ("bundle_s", "fetch_s", "render_s", "upload_s", "join_s", "verify_s")
 
 

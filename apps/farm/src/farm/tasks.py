@@ -23,6 +23,7 @@ from types import SimpleNamespace
 
 from amqp.exceptions import NotFound as NOT_FOUND
 from celery import Celery
+from celery.exceptions import SoftTimeLimitExceeded
 from kombu import Connection, Exchange, Queue
 
 from farm import render as media
@@ -30,7 +31,8 @@ from farm import transport
 from farm.config import Settings
 
 app = Celery("farm")
-here = SimpleNamespace(settings=Settings(), node=socket.gethostname(), host=None, user=None)   # set by configure()
+here = SimpleNamespace(settings=Settings(), node=socket.gethostname(), host=None, user=None,   # set by configure()
+                       frozen_at=None)
 
 RETRY = {"max_retries": 5, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 3}
 WORKER_KEYS = ("node", "browser", "node_modules", "concurrency")
@@ -117,7 +119,52 @@ def _put_back(request, kwargs: dict) -> None:
         pass
 
 
-@app.task(name="farm.render", bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def _report_interrupted(ids: dict) -> None:
+    """From the worker's main process, which lost its broker connection: until the broker takes it
+    (the connection is down now), within interrupted_report_s."""
+    deadline = time.monotonic() + here.settings.interrupted_report_s
+    while True:
+        try:
+            return report("interrupted", **ids)
+        except Exception:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(1.0)
+
+
+FROZEN_AFTER_S = 5.0     # a 1 s tick that came this late: the process was stopped (docker pause, SIGSTOP)
+FROZEN_MEMORY_S = 300.0  # a freeze this recent explains a lost connection: the node's own fault
+
+
+def _watch_freezes() -> None:
+    last = time.monotonic()
+    while True:
+        time.sleep(1.0)
+        now = time.monotonic()
+        if now - last > FROZEN_AFTER_S:    # CLOCK_MONOTONIC runs on while the process is frozen
+            here.frozen_at = now
+        last = now
+
+
+def watch_freezes() -> None:
+    """In the worker's main process: notes when the process itself was frozen, so that a connection it
+    lost while frozen is not reported as the link's fault."""
+    threading.Thread(target=_watch_freezes, name="farm-freeze-watch", daemon=True).start()
+
+
+class RenderTask(app.Task):
+    def on_retry(self, exc, task_id, args, kwargs, einfo):
+        """Celery calls this in the worker's main process when it cancels a running task because its
+        broker connection was lost (worker_cancel_long_running_tasks_on_connection_loss): the node tells
+        the coordinator, so that the broker's re-delivery is not charged to it (README "Whose fault")."""
+        frozen = here.frozen_at is not None and time.monotonic() - here.frozen_at < FROZEN_MEMORY_S
+        if einfo is None and kwargs and "cancelled by Celery" in str(exc) and not frozen:
+            ids = {"job": kwargs.get("job"), "index": kwargs.get("index"), "attempt": task_id}
+            threading.Thread(target=_report_interrupted, args=(ids,), daemon=True).start()
+
+
+@app.task(name="farm.render", bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
+          base=RenderTask)
 def render(self, job: str, index: int, *, first: int, last: int, spec: dict, avoid=None, held: int = 0) -> None:
     ids = {"job": job, "index": index, "attempt": self.request.id}
     s = here.settings
@@ -138,6 +185,12 @@ def render(self, job: str, index: int, *, first: int, last: int, spec: dict, avo
     ticker.start()
     try:
         out = _render(job, index, first, last, worker_spec(spec, s), timings=timings)
+    except SoftTimeLimitExceeded:
+        stop.set()
+        report("failed", error="took longer than its time limit, %.0f s (chunk_limit_floor_s + chunk_limit_factor x"
+               " the estimate): a slow composition needs a larger s_per_frame in its spec" % (
+                   (self.request.timelimit or (None, None))[1] or 0), elapsed=time.time() - t0, timings=timings, **ids)
+        return
     except Exception as e:
         stop.set()
         report("failed", error=("%s: %s" % (type(e).__name__, e))[:2000], elapsed=time.time() - t0,

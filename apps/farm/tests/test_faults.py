@@ -1,0 +1,97 @@
+"""The faults a fleet meets every week (README "Whose fault", "Crash safety"): broker restarts that
+are nobody's fault, and a coordinator killed at each named step of a job's life."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+from _engine import Broker, Farm, assert_every_chunk_once, broker_fixture, make_farm_fixture, smem_fixture, wait_for  # noqa: F401
+
+
+@pytest.fixture(scope="module")
+def own_broker(tmp_path_factory):
+    """A broker of this module's own, which the tests restart (the session's serves the others)."""
+    b = Broker(tmp_path_factory.mktemp("rabbitmq-restarted"))
+    try:
+        b.start()
+        yield b
+    finally:
+        b.stop()
+
+
+def rendering(farm, job_id, after: float = 0.0):
+    return farm.db.rows("SELECT * FROM attempts WHERE job_id=? AND state='started' AND started_at>?",
+                        (job_id, after))
+
+
+def test_broker_restarts_mid_job_charge_no_node_and_spend_no_attempt(own_broker, tmp_path):
+    farm = Farm(own_broker, tmp_path / "farm", "restart")
+    try:
+        farm.start_workers(FARM_TEST_MIN_CHUNK_S="2")
+        farm.start_coordinator()
+        job_id = farm.submit(frames=120)                 # 12 chunks of 10 frames, 2 s or more each
+        caught = []
+        for _ in range(2):
+            since = max([a["started_at"] for a in caught], default=0.0)
+            caught += wait_for("a chunk rendering", lambda since=since: rendering(farm, job_id, since), 120)
+            own_broker.stop()                            # as systemctl restart rabbitmq-server does
+            own_broker.start()
+        farm.wait_state(job_id, ("done", "failed"), timeout=300)
+        assert_every_chunk_once(farm, job_id)
+        tries = farm.attempts(job_id)
+        assert farm.db.rows("SELECT * FROM node_failures WHERE job_id=?", (job_id,)) == []
+        assert farm.db.rows("SELECT * FROM blocklist WHERE job_id=?", (job_id,)) == []
+        assert [a for a in tries if a["charged"] == 1] == []
+        cut = [a for a in tries if a["id"] in {c["id"] for c in caught}]
+        assert cut and all(a["state"] in ("lost", "interrupted") and a["charged"] == 0 for a in cut), cut
+        print("\ntwo broker restarts: %d attempts cut short, none charged: %s" % (
+            len(cut), "; ".join("%s %s" % (a["id"], a["error"]) for a in cut)))
+    finally:
+        farm.close()
+
+
+def test_a_paused_node_is_charged_once(make_farm):
+    """docker pause for longer than the heartbeat: the broker drops its connection and re-delivers;
+    the node, continued, knows it was frozen and says nothing, so the loss is its own."""
+    farm = make_farm(excuse_wait_s=20.0)     # time enough for a word from the node, had it one to say
+    farm.start_workers(FARM_TEST_MIN_CHUNK_S="2")
+    farm.start_coordinator()
+    job_id = farm.submit(frames=120)
+    victim = wait_for("a chunk rendering", lambda: rendering(farm, job_id), 120)[0]
+    worker = farm.workers[victim["node"]]
+    os.killpg(worker.pid, signal.SIGSTOP)
+    wait_for("chunk %d re-delivered" % victim["idx"], lambda: farm.db.rows(
+        "SELECT * FROM attempts WHERE id=? AND state='lost'", (victim["id"],)), 120)
+    os.killpg(worker.pid, signal.SIGCONT)    # back before excuse_wait_s: its freeze, not its link, is why
+    farm.wait_state(job_id, ("done", "failed"), timeout=240)
+    assert_every_chunk_once(farm, job_id)
+    failures = wait_for("the loss charged (excuse_wait_s after it)", lambda: farm.db.rows(
+        "SELECT node, attempt_id FROM node_failures WHERE job_id=?", (job_id,)), 60)
+    assert failures == [{"node": victim["node"], "attempt_id": victim["id"]}]
+    assert farm.db.one("SELECT charged FROM attempts WHERE id=?", (victim["id"],))["charged"] == 1
+
+
+POINTS = ["begin:running", "report:applied", "joining:recorded", "release:consumers"]
+
+
+@pytest.mark.parametrize("point", ["end:recorded", *POINTS])
+def test_a_coordinator_killed_at_a_step_ends_the_job_and_releases_its_lease(make_farm, smem, point):
+    farm = make_farm(smem_url=smem.url, smem_token_file=str(smem.token_file), attempts=1)
+    broken = point == "end:recorded"          # a job that fails: its end is what the kill cuts short
+    farm.start_workers(FARM_TEST_MIN_CHUNK_S="0.3", **({"FARM_TEST_BROKEN": "1"} if broken else {}))
+    mark = farm.root / "crashed"
+    farm.start_coordinator(FARM_TEST_CRASH_AT=point, FARM_TEST_CRASH_MARK=str(mark))
+    job_id = farm.submit(frames=30)
+    wait_for("the coordinator killed at %s" % point, lambda: farm.coordinator.poll() is not None, 120)
+    assert farm.coordinator.returncode == -signal.SIGKILL and mark.read_text() == point
+    farm.start_coordinator(FARM_TEST_CRASH_AT=point, FARM_TEST_CRASH_MARK=str(mark))   # goes past this time
+    job = farm.wait_state(job_id, ("done", "failed"), timeout=180)
+    if broken:
+        assert job["state"] == "failed" and "failed 1 attempts (the cap)" in job["reason"], job
+    else:
+        assert_every_chunk_once(farm, job_id)
+    assert job["nodes_released"] == 1
+    wait_for("its lease released", lambda: smem.live() == [], 30)
+    assert farm.db.rows("SELECT * FROM outbox WHERE job_id=? AND done_at IS NULL", (job_id,)) == []
