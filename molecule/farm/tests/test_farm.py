@@ -1,6 +1,6 @@
 """Verify the render farm on the molecule lab (testinfra): what listens where, the workers, the
-example rendered on three nodes with sample-exact audio, a node hung mid-job (docker pause) and a
-worker killed mid-job.
+example rendered on three nodes with sample-exact audio, a node hung mid-job (docker pause), a
+broker restart and a coordinator killed mid-job, and a worker killed mid-job.
 
 The tests run in file order: the last one kills a worker."""
 
@@ -147,8 +147,36 @@ def test_a_node_hung_mid_job_docker_pause_has_its_chunk_rendered_elsewhere():
     check = v["job"]["result"]["verify"]
     assert check["ok"] and check["frames"] == 90, check
     assert sorted(c["idx"] for c in v["chunks"]) == [0, 1, 2]
+    # the node was frozen, not cut off: its loss is its own, charged once (after excuse_wait_s)
+    while (failures := status(job)["failures"]) != {victim["node"]: 1}:
+        assert failures in ({}, {victim["node"]: 1}) and time.monotonic() < deadline + 60, status(job)
+        time.sleep(1)
     print("docker pause of %s mid-chunk %d: rendering again on another node %.1f s later (lab)"
           % (victim["node"], victim["idx"], requeue_s))
+
+
+def test_a_broker_restart_mid_job_charges_no_node():
+    job = HOST.check_output(SUBMIT.format(out="restarted.mp4") + " --detach").split()[0]
+    deadline = time.monotonic() + 300
+    rendering(job, deadline)
+    HOST.check_output("systemctl restart rabbitmq-server")       # an update, mid-job
+    v = finished(job, deadline)
+    assert v["job"]["state"] == "done", v["job"]["reason"]
+    assert v["failures"] == {} and v["blocklist"] == [], v["events"]
+    assert any("not charged" in e["text"] for e in v["events"]), v["events"]
+
+
+def test_a_coordinator_killed_mid_job_ends_it_and_gives_its_nodes_back():
+    """(This scenario has no smem, so no lease: apps/farm/tests/test_faults.py kills one at each step
+    with a lease held.)"""
+    job = HOST.check_output(SUBMIT.format(out="coordinator.mp4") + " --detach").split()[0]
+    deadline = time.monotonic() + 300
+    rendering(job, deadline)
+    HOST.check_output("systemctl kill -s KILL farm-coordinator")   # systemd starts it again (Restart=)
+    v = finished(job, deadline)
+    assert v["job"]["state"] == "done", v["job"]["reason"]
+    assert v["job"]["nodes_released"] == 1 and ping(v["chunks"][0]["node"]), v["job"]
+    assert any("resuming" in e["text"] for e in v["events"]), v["events"]
 
 
 def test_a_worker_killed_mid_job_costs_a_retry_not_the_job():
