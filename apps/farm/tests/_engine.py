@@ -98,7 +98,8 @@ def _listeners(ports: set[int]) -> list[tuple[str, int]]:
 
 
 class Broker:
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, conf: str = ""):
+        """conf: more rabbitmq.conf lines (the benches set consumer_timeout)."""
         self.root = root
         self.amqp, self.dist, self.epmd_port = free_port(), free_port(), free_port()
         self.url = "amqp://guest:guest@127.0.0.1:%d//" % self.amqp
@@ -106,7 +107,7 @@ class Broker:
         (root / "log").mkdir()
         (root / "rabbitmq.conf").write_text(
             "listeners.tcp.default = 127.0.0.1:%d\n"
-            "log.console = false\nlog.file.level = warning\n" % self.amqp)
+            "log.console = false\nlog.file.level = warning\n%s" % (self.amqp, conf))
         (root / "enabled_plugins").write_text("[].\n")
         # as roles/farm writes it: rabbitmqctl's own distribution listener on loopback too
         (root / "rabbitmq-env.conf").write_text(CTL_PIN_LINE + "\n")
@@ -312,12 +313,13 @@ class Farm:
         return subprocess.run([PY, "-m", "farm", *args], env=self.env(), capture_output=True, text=True,
                               timeout=timeout * SLOW, check=False)
 
-    def submit(self, frames: int = 120, *, verify: bool = False, nodes=None, fps: int = 30, **extra) -> str:
+    def submit(self, frames: int = 120, *, verify: bool = False, nodes=None, fps: int = 30, out: str = "job.mp4",
+               **extra) -> str:
         """A testsrc job (extra: more of the spec), detached; its id."""
         spec = self.root / "spec.json"
         spec.write_text(json.dumps({"renderer": "testsrc", "width": 320, "height": 180, "fps": fps,
                                     "frames": frames, **extra}))
-        args = ["submit", "--spec", str(spec), "--out", str(self.root / "out" / "job.mp4"), "--detach",
+        args = ["submit", "--spec", str(spec), "--out", str(self.root / "out" / out), "--detach",
                 "--nodes", *(nodes or self.nodes)]
         r = self.farm(*args, *(["--verify"] if verify else []))
         assert r.returncode == 0, r.stderr

@@ -4,6 +4,9 @@ FARM_TEST_PUBLISH_FAILS=N  the first N publishes of a chunk fail (as when the br
 FARM_TEST_CRASH_AT=POINT   SIGKILL of the coordinator at that named step of a job's life (Coordinator.fault),
                            the first time it is reached while the file FARM_TEST_CRASH_MARK does not exist
                            (it is made then, so the restarted coordinator goes past)
+FARM_TEST_CANCEL_FAILS=N   the first N cancel_consumer calls fail (as when the broker is away)
+FARM_TEST_SLOW_JOIN=TEXT   the join of a job whose output path contains TEXT waits (tests/join_main.py) until
+                           the file FARM_TEST_SLOW_JOIN_RELEASE exists
 """
 
 import os
@@ -14,7 +17,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from farm import cli, tasks
+from farm.brokerctl import BrokerControl
 from farm.coordinator import Coordinator
+from farm.joining import Joins
 
 left = [int(os.environ.get("FARM_TEST_PUBLISH_FAILS", "0"))]
 real_send_task = tasks.app.send_task
@@ -27,6 +32,17 @@ def send_task(name, *args, **kwargs):
     return real_send_task(name, *args, **kwargs)
 
 
+cancels_left = [int(os.environ.get("FARM_TEST_CANCEL_FAILS", "0"))]
+real_cancel = BrokerControl.cancel_consumers
+
+
+def cancel_consumers(self, jid, nodes):
+    if cancels_left[0] > 0:
+        cancels_left[0] -= 1
+        raise ConnectionError("injected: cancel_consumer failed")
+    return real_cancel(self, jid, nodes)
+
+
 def fault(self, point):
     mark = os.environ.get("FARM_TEST_CRASH_MARK")
     if point == os.environ.get("FARM_TEST_CRASH_AT") and mark and not os.path.exists(mark):
@@ -36,4 +52,7 @@ def fault(self, point):
 
 tasks.app.send_task = send_task
 Coordinator.fault = fault
+BrokerControl.cancel_consumers = cancel_consumers
+if os.environ.get("FARM_TEST_SLOW_JOIN"):
+    Joins.argv = [sys.executable, str(Path(__file__).resolve().parent / "join_main.py")]
 sys.exit(cli.main(["coordinator", *sys.argv[1:]]))

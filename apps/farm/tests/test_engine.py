@@ -217,3 +217,20 @@ def test_cancel_stops_what_the_render_runs_too(make_farm):
     assert r.returncode == 0 and "cancelled" in r.stdout, (r.stdout, r.stderr)
     wait_for("no process of the job left", lambda: not processes_naming(parts), 5)
     assert not [a for a in farm.attempts(job_id) if a["state"] in ("queued", "started", "done")]
+
+
+def test_joins_run_beside_each_other_and_a_joining_job_can_be_cancelled(make_farm):
+    farm = make_farm()
+    farm.start_workers()
+    farm.start_coordinator(FARM_TEST_SLOW_JOIN="slow", FARM_TEST_SLOW_JOIN_RELEASE=str(farm.root / "release"))
+    slow = farm.submit(frames=30, out="slow.mp4")
+    farm.wait_state(slow, "joining")
+    fast = farm.submit(frames=30, out="fast.mp4")
+    assert farm.wait_state(fast, ("done", "failed"))["state"] == "done"       # not behind the slow join
+    assert farm.job(slow)["state"] == "joining"
+    r = farm.farm("cancel", slow)
+    assert r.returncode == 0 and "cancelled" in r.stdout, r.stdout + r.stderr
+    job = farm.job(slow)
+    assert job["state"] == "cancelled" and job["reason"] == "cancelled while joining"
+    assert not (farm.root / "out" / "slow.mp4").exists()
+    assert processes_naming(str(farm.root / "work" / "joins")) == []            # its process is gone

@@ -56,9 +56,9 @@ def test_a_paused_node_is_charged_once(make_farm):
     """docker pause for longer than the heartbeat: the broker drops its connection and re-delivers;
     the node, continued, knows it was frozen and says nothing, so the loss is its own."""
     farm = make_farm(excuse_wait_s=20.0)     # time enough for a word from the node, had it one to say
-    farm.start_workers(FARM_TEST_MIN_CHUNK_S="2")
-    farm.start_coordinator()
-    job_id = farm.submit(frames=120)
+    farm.start_workers(FARM_TEST_MIN_CHUNK_S="40")   # still rendering when it is continued: its worker then
+    farm.start_coordinator()                         # sees the connection gone and cancels the render
+    job_id = farm.submit(frames=20)                  # 2 chunks on 3 workers: one is free for the re-delivery
     victim = wait_for("a chunk rendering", lambda: rendering(farm, job_id), 120)[0]
     worker = farm.workers[victim["node"]]
     os.killpg(worker.pid, signal.SIGSTOP)
@@ -71,6 +71,23 @@ def test_a_paused_node_is_charged_once(make_farm):
         "SELECT node, attempt_id FROM node_failures WHERE job_id=?", (job_id,)), 60)
     assert failures == [{"node": victim["node"], "attempt_id": victim["id"]}]
     assert farm.db.one("SELECT charged FROM attempts WHERE id=?", (victim["id"],))["charged"] == 1
+
+
+def test_a_hung_render_is_seen_by_its_output_and_rendered_elsewhere(make_farm):
+    """The render writes nothing while its worker goes on reporting (a hung browser): progress is the
+    parts' growth, not the timer, so it is given up after stall_after_s and charged to its node."""
+    farm = make_farm(stall_after_s=10.0)
+    mark = farm.root / "hung"
+    farm.start_workers(FARM_TEST_HANG="1", FARM_TEST_HANG_MARK=str(mark))
+    farm.start_coordinator()
+    job_id = farm.submit(frames=60)
+    farm.wait_state(job_id, ("done", "failed"), timeout=180)
+    assert_every_chunk_once(farm, job_id)
+    hung = [a for a in farm.attempts(job_id) if a["idx"] == 1 and a["state"] == "lost"]
+    assert len(hung) == 1 and "wrote nothing" in hung[0]["error"] and hung[0]["charged"] == 1, hung
+    done = next(a for a in farm.attempts(job_id) if a["idx"] == 1 and a["state"] == "done")
+    assert done["node"] != hung[0]["node"]
+    print("\nhung render: %s" % hung[0]["error"])
 
 
 POINTS = ["begin:running", "report:applied", "joining:recorded", "release:consumers"]

@@ -140,6 +140,19 @@ def test_a_lost_lease_stops_the_nodes_at_once_and_the_job_waits_for_them(make_fa
     assert smem.live() == []
 
 
+def test_the_lease_goes_back_only_once_the_consumers_are_cancelled(make_farm, smem):
+    farm = leased_farm(make_farm, smem, lease_retry_s=1.0)
+    farm.start_workers(FARM_TEST_MIN_CHUNK_S="0.3")
+    farm.start_coordinator(FARM_TEST_CANCEL_FAILS="3")
+    job_id = farm.submit(frames=30)
+    assert farm.wait_state(job_id, ("done", "failed"), timeout=120)["state"] == "done"
+    events = farm.db.view(job_id)["events"]
+    kept = [e["at"] for e in events if "the lease is kept" in e["text"]]
+    released = [e["at"] for e in events if e["text"].endswith(" released")]
+    assert len(kept) == 3 and len(released) == 1 and released[0] > max(kept), events
+    assert smem.live() == []
+
+
 def test_without_smem_the_job_runs_without_leases_and_says_so(make_farm):
     farm = make_farm()                                   # no smem_url
     farm.start_workers(FARM_TEST_MIN_CHUNK_S="0.2")

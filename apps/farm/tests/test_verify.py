@@ -7,7 +7,7 @@ import pytest
 
 from farm.join import join
 from farm.render import reference_audio
-from farm.verify import find_lag, verify
+from farm.verify import decode_audio, find_lag, verify
 from mediatools import render_parts, require, src_spec
 
 PRIMING = 2048  # samples: the AAC priming that shifts Remotion's own ADTS audio by 42.67 ms
@@ -115,3 +115,17 @@ def test_find_lag_on_a_pure_tone_takes_the_peak_nearest_zero():
     for shift in (0, 10, -20):
         lag, _ = find_lag(np.roll(tone, shift), tone, 12000, 12000, int(0.45 * rate))
         assert lag == pytest.approx(shift, abs=0.05)
+
+
+def test_a_window_decodes_the_same_samples_as_the_whole_file(job, tmp_path):
+    """verify reads only the windows it checks (a two-hour output is not decoded whole); a window must
+    be exactly those samples of the whole decode, in the reference WAV and in the joined MP4's AAC."""
+    _, parts, ref = job
+    out = joined(parts, tmp_path / "out.mp4")
+    for path in (ref, out):
+        whole = np.frombuffer(subprocess.run(["ffmpeg", "-v", "error", "-nostdin", "-i", str(path), "-map", "0:a:0",
+                                              "-ac", "1", "-ar", "48000", "-f", "f32le", "-"], check=True,
+                                             capture_output=True).stdout, dtype="<f4").astype(np.float64)
+        for start in (0, 100, 48000 + 7, 2 * 48000 + 123):
+            part = decode_audio(path, 48000, start, 4000)
+            assert len(part) == 4000 and np.array_equal(part, whole[start:start + 4000]), (path, start)

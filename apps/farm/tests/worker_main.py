@@ -2,10 +2,13 @@
 
 FARM_TEST_MIN_CHUNK_S  a chunk takes at least this long (the real render, then a wait), so a test can
                        act while a chunk is in progress on a busy machine
+FARM_TEST_S_PER_FRAME  a chunk takes at least its frames times this long (the benches' render speed)
 FARM_TEST_POISON       a chunk index whose render kills its pool process (SIGKILL), on every node
 FARM_TEST_BROKEN=1     every render fails (as a node without a working renderer does)
 FARM_TEST_SILENT=PATH  the first chunk this node starts while PATH does not exist (PATH is made then)
                        renders, but every report of it after `started` fails to publish
+FARM_TEST_HANG=N       the render of chunk N hangs (it writes nothing, its reports go on), on every node
+                       while the file FARM_TEST_HANG_MARK does not exist (the first hang makes it)
 FARM_TEST_RECORD=PATH  each render appends {"index", "spec"} (the spec render_chunk got) to PATH, a line
 """
 
@@ -31,10 +34,16 @@ def render_chunk(spec, index, first, last, workdir):
             f.write(json.dumps({"index": index, "spec": spec}) + "\n")
     if os.environ.get("FARM_TEST_POISON") == str(index):
         os.kill(os.getpid(), signal.SIGKILL)
+    mark = os.environ.get("FARM_TEST_HANG_MARK")
+    if os.environ.get("FARM_TEST_HANG") == str(index) and mark and not os.path.exists(mark):
+        Path(mark).write_text(str(index))
+        time.sleep(3600)
     if os.environ.get("FARM_TEST_BROKEN"):
         raise render.RenderError("injected: this node's renderer is broken")
     out = real_render(spec, index, first, last, workdir)
-    time.sleep(max(0.0, float(os.environ.get("FARM_TEST_MIN_CHUNK_S", "0")) - (time.monotonic() - t0)))
+    least = max(float(os.environ.get("FARM_TEST_MIN_CHUNK_S", "0")),
+                float(os.environ.get("FARM_TEST_S_PER_FRAME", "0")) * (last - first + 1))
+    time.sleep(max(0.0, least - (time.monotonic() - t0)))
     return out
 
 

@@ -146,7 +146,7 @@ def cmd_cancel(a, s: Settings) -> int:
     while time.monotonic() < deadline:
         j = db.job(a.job)
         if j["state"] in FINAL and j["nodes_released"]:   # the state first, then the nodes: wait for both
-            if j["state"] != "cancelled":   # it was joining already: the cancel came too late
+            if j["state"] != "cancelled":   # it ended (done, failed) before the cancel took
                 print("job %s ended %s before the cancel took: %s" % (a.job, j["state"], j["reason"] or ""))
                 return 1
             print("job %s cancelled; its nodes are given back" % a.job)
@@ -184,6 +184,17 @@ def cmd_broker_permissions(a, s: Settings) -> int:
     return 0
 
 
+def cmd_gc(a, s: Settings) -> int:
+    from farm import gc  # noqa: PLC0415
+
+    done = gc.collect(s, dry_run=a.dry_run)
+    verb = ("would remove", "would free") if a.dry_run else ("removed", "freed")
+    for r in done["removed"]:
+        print("%s %s (%d bytes): %s" % (verb[0], r["path"], r["bytes"], r["why"]))
+    print("%s %d paths, %.1f MiB" % (verb[1], len(done["removed"]), done["bytes"] / 2**20))
+    return 0
+
+
 def cmd_api(a, s: Settings) -> int:
     from farm import api  # noqa: PLC0415 (starlette: the host's extra, the nodes do without)
     return api.serve(s)
@@ -218,8 +229,11 @@ def main(argv: list[str] | None = None) -> int:
     x = sub.add_parser("broker-permissions", help="a node's broker user and its rights, as JSON (the role sets them)")
     x.add_argument("--node", required=True)
     sub.add_parser("api", help="the HTTP API (host; on api_listen, never every address unless allow_public_listen)")
+    x = sub.add_parser("gc", help="prune what ended jobs left (parts, verify files, bundles, temporaries)")
+    x.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
     sub.add_parser("join", help="join parts: farm join --video P1 P2 ... --audio A1 A2 ... --out OUT")
     a = p.parse_args(argv)
     s = load(a.config)
     return {"submit": cmd_submit, "status": cmd_status, "cancel": cmd_cancel, "worker": cmd_worker,
-            "coordinator": cmd_coordinator, "api": cmd_api, "broker-permissions": cmd_broker_permissions}[a.cmd](a, s)
+            "coordinator": cmd_coordinator, "api": cmd_api, "gc": cmd_gc,
+            "broker-permissions": cmd_broker_permissions}[a.cmd](a, s)

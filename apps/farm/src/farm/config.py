@@ -72,11 +72,16 @@ class Settings:
                                           # bound: every chunk's hard limit must end before it
     progress_interval_s: float = 2.0      # a rendering chunk reports this often
     stale_after_s: float = 30.0           # a chunk silent this long shows as stale, not "rendering"
+    stall_after_s: float = 120.0          # a render whose parts grow by no byte this long is hung: given up, revoked
     silent_after_s: float = 90.0          # an attempt silent this long is given up: revoked, the next one published
+    join_workers: int = 2                 # joins (and their verify) at once, each a process of its own
     poll_interval_s: float = 0.5
     report_retry_s: float = 1.0           # a report that could not be applied goes back to the queue after this
     reconcile_interval_s: float = 10.0    # add_consumer is re-sent this often (a restarted worker missed it)
     control_timeout_s: float = 2.0        # replies to add_consumer / cancel_consumer / ping
+    keep_parts_h: float = 48.0            # `farm gc`: a job's parts and verify files, this long after its end
+    keep_bundles_h: float = 168.0         # a bundle no job used this long
+    temp_max_age_h: float = 6.0           # temporaries (half-written parts, a killed join's), this old
     max_part_bytes: int = 4 * 2**30       # an upload larger than this is refused (413)
     min_free_gib: float = 2.0             # a submit is refused when parts_dir or output_dir has less free
     api_listen: str = "127.0.0.1:8790"   # farm api
@@ -91,6 +96,8 @@ class Settings:
             raise ValueError("attempts and blocklist_after must be >= 1")
         if self.lease_renew_s >= self.lease_ttl_s:
             raise ValueError("lease_renew_s must be shorter than lease_ttl_s")
+        if self.stall_after_s <= 2 * self.progress_interval_s:
+            raise ValueError("stall_after_s must be longer than two progress_interval_s")
         if self.silent_after_s <= 2 * self.progress_interval_s:
             raise ValueError("silent_after_s must be longer than two progress_interval_s")
         if self.bundle_cache_keep < 1:
@@ -100,6 +107,9 @@ class Settings:
         if any(not isinstance(v, (int, float)) or v <= 0 for v in self.render_s_per_frame.values()):
             raise ValueError("render_s_per_frame: seconds per frame, each > 0: %r" % (self.render_s_per_frame,))
         longest = self.hard_limit_s(self.chunk_target_s)
+        if self.temp_max_age_h * 3600 <= longest:
+            raise ValueError("temp_max_age_h must be longer than a chunk's hard limit (%g s): a render's"
+                             " temporaries would be pruned under it" % longest)
         if longest >= self.broker_consumer_timeout_s:
             raise ValueError("a chunk of chunk_target_s %g s may run %g s (its hard limit), not shorter than the"
                              " broker's consumer_timeout (broker_consumer_timeout_s %g s): the broker would take"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 LIVE = ("submitted", "running")          # states a job can still render in
 FINAL = ("done", "failed", "cancelled")
+CANCELLABLE = (*LIVE, "joining")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -55,7 +56,10 @@ CREATE INDEX IF NOT EXISTS events_job ON events(job_id, at);
 # Columns added since the first slice: a database it made gets them at the next open.
 # attempts.heard_at is the coordinator's clock (the watchdog's), last_report_at the worker's.
 ADDED = [("jobs", "timings", "TEXT"), ("chunks", "timings", "TEXT"), ("attempts", "avoid", "TEXT"),
-         ("attempts", "heard_at", "REAL"), ("attempts", "charged", "INTEGER"), ("attempts", "lost_at", "REAL")]
+         ("attempts", "heard_at", "REAL"), ("attempts", "charged", "INTEGER"), ("attempts", "lost_at", "REAL"),
+         ("attempts", "phase", "TEXT"), ("attempts", "written", "INTEGER"), ("attempts", "grew_at", "REAL")]
+# attempts.written: the bytes of its parts its worker last reported; grew_at (the coordinator's clock) when
+# that last grew, or when the render phase began: a render whose output stops growing is abandoned
 # attempts.charged: 1 the node's fault (it counts against the chunk's attempts and the node), 0 not (a broker
 # fault), NULL not decided yet (a loss waiting for its excuse; README "Whose fault")
 TIMINGS = ("bundle_s", "fetch_s", "render_s", "upload_s", "join_s", "verify_s")
@@ -125,10 +129,10 @@ class DB:
         return job_id
 
     def request_cancel(self, job_id: str) -> bool:
-        """Marks a live job for cancelling (the coordinator does it, now or at its next start)."""
+        """Marks a live or joining job for cancelling (the coordinator does it, now or at its next start)."""
         with self.tx() as c:
             n = c.execute("UPDATE jobs SET cancel_requested=1 WHERE id=? AND state IN (%s)"
-                          % ",".join("?" * len(LIVE)), (job_id, *LIVE)).rowcount
+                          % ",".join("?" * len(CANCELLABLE)), (job_id, *CANCELLABLE)).rowcount
             if n:
                 self.event(job_id, "cancel requested", c)
         return bool(n)

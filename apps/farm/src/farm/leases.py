@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import time
+
 import httpx
+
+log = logging.getLogger("farm.leases")
 
 
 class LeaseConflict(Exception):
@@ -57,3 +63,78 @@ class LeaseClient:
 
     def live(self) -> list[dict]:
         return self._check(self.http.get("/v5/admin/leases"), "list leases")["leases"]
+
+
+HOLDER = "farm job "
+
+
+class LeaseKeeper:
+    """A job's leases, in smem and in the database: taken, renewed, given back, and the orphans (smem
+    holds them for a farm job that is not live here) released."""
+
+    def __init__(self, s, db, client: LeaseClient | None):
+        self.s, self.db, self.client = s, db, client
+
+    def take(self, jid: str, nodes: list[str]) -> dict:
+        """Raises LeaseConflict (leased elsewhere), LeaseError or httpx.HTTPError (smem away)."""
+        for row in self.db.rows("SELECT id FROM leases WHERE job_id=? AND released_at IS NULL", (jid,)):
+            self.release(row["id"], jid)          # ours, from a start cut short
+        lease = self.client.take(nodes, HOLDER + jid, self.s.lease_ttl_s)
+        self._record(jid, lease)
+        self.db.event(jid, "lease %s on %s until %s" % (lease["id"], ", ".join(lease["nodes"]), lease.get("expiresAt")))
+        return lease
+
+    def renew(self, jid: str) -> tuple[str, str] | None:
+        """None when renewed (or nothing to renew); (lease id, why) when the lease is lost: smem lent the
+        nodes to another since it ran out, or it could not be renewed before it runs out."""
+        row = self.db.one("SELECT * FROM leases WHERE job_id=? AND released_at IS NULL ORDER BY taken_at DESC",
+                          (jid,))
+        if row is None or self.client is None:
+            return None
+        lease = {"id": row["id"], "nodes": json.loads(row["nodes"])}
+        try:
+            new = self.client.renew(lease, HOLDER + jid, self.s.lease_ttl_s)
+        except LeaseConflict as e:
+            return row["id"], "its nodes are leased to another now (%s)" % e
+        except (LeaseError, httpx.HTTPError) as e:
+            self.db.event(jid, "lease %s not renewed: %s" % (row["id"], e))
+            if time.time() > (row["renewed_at"] or row["taken_at"]) + self.s.lease_ttl_s - self.s.lease_renew_s:
+                return row["id"], "not renewed before it runs out (%s)" % e
+            return None
+        with self.db.tx() as c:
+            if new["id"] != row["id"]:
+                c.execute("UPDATE leases SET released_at=? WHERE id=?", (time.time(), row["id"]))
+                self._record(jid, new, c)
+            c.execute("UPDATE leases SET renewed_at=?, expires_at=? WHERE id=?",
+                      (time.time(), new.get("expiresAt"), new["id"]))
+        return None
+
+    def _record(self, jid: str, lease: dict, c=None) -> None:
+        (c or self.db.c).execute("INSERT INTO leases(id, job_id, nodes, taken_at, expires_at) VALUES (?,?,?,?,?)",
+                                 (lease["id"], jid, json.dumps(lease["nodes"]), time.time(), lease.get("expiresAt")))
+
+    def release(self, lease_id: str, jid: str) -> None:
+        released = self.client.release(lease_id) if self.client else False
+        self.db.c.execute("UPDATE leases SET released_at=? WHERE id=?", (time.time(), lease_id))
+        self.db.event(jid, "lease %s %s" % (lease_id, "released" if released else "was no longer live"))
+
+    def release_all(self, jid: str) -> None:
+        for row in self.db.rows("SELECT id FROM leases WHERE job_id=? AND released_at IS NULL", (jid,)):
+            self.release(row["id"], jid)
+
+    def release_orphans(self, live_states) -> None:
+        """A lease smem holds for a farm job that is not live here (taken just before a crash, say)."""
+        try:
+            live = self.client.live()
+        except (LeaseError, httpx.HTTPError) as e:
+            log.warning("smem leases not listed: %s", e)
+            return
+        for lease in live:
+            if not lease.get("holder", "").startswith(HOLDER):
+                continue
+            jid = lease["holder"][len(HOLDER):]
+            job = self.db.job(jid)
+            known = self.db.one("SELECT 1 AS x FROM leases WHERE id=? AND released_at IS NULL", (lease["id"],))
+            if job is None or job["state"] not in live_states or not known:
+                log.info("releasing orphan lease %s of %s", lease["id"], lease["holder"])
+                self.release(lease["id"], jid)

@@ -30,6 +30,18 @@ def part_paths(workdir: Path, index: int) -> tuple[Path, Path]:
     return stem.with_suffix(f".{VIDEO_EXT}"), stem.with_suffix(".wav")
 
 
+def written(workdir: Path, index: int) -> int:
+    """Bytes of the chunk's parts written so far (its temporaries, then its parts): what shows a render
+    making progress, whatever the renderer reports."""
+    total = 0
+    for f in Path(workdir).glob(f"*part-{index:05d}*"):
+        try:
+            total += f.stat().st_size
+        except FileNotFoundError:     # renamed or removed meanwhile
+            pass
+    return total
+
+
 def as_fraction(fps) -> Fraction:
     """30, "30000/1001" or a float such as 29.97002997002997 (JSON) -> the exact rate."""
     return Fraction(str(fps)).limit_denominator(100000)

@@ -84,10 +84,14 @@ def report(event: str, **fields) -> None:
                          serializer="json", delivery_mode=2, user_id=here.user, retry=True, retry_policy=RETRY)
 
 
-def _ticker(stop: threading.Event, t0: float, ids: dict) -> None:
+def _ticker(stop: threading.Event, t0: float, ids: dict, where: dict) -> None:
+    """Progress as the render makes it: its phase, and in the render phase the bytes of its parts
+    written so far (the coordinator abandons a render whose output stops growing)."""
     while not stop.wait(here.settings.progress_interval_s):
+        phase = where.get("phase")
+        grown = media.written(where["workdir"], ids["index"]) if phase == "render" else None
         try:
-            report("progress", elapsed=time.time() - t0, **ids)
+            report("progress", elapsed=time.time() - t0, phase=phase, written=grown, **ids)
         except Exception:   # a missed progress report only ages the chunk in `farm status`
             pass
 
@@ -180,11 +184,11 @@ def render(self, job: str, index: int, *, first: int, last: int, spec: dict, avo
         time.sleep(s.avoid_hold_s)
         return
     report("started", first=first, last=last, **ids)
-    t0, stop, timings = time.time(), threading.Event(), {}
-    ticker = threading.Thread(target=_ticker, args=(stop, t0, ids), daemon=True)
+    t0, stop, timings, where = time.time(), threading.Event(), {}, {"phase": "fetch"}
+    ticker = threading.Thread(target=_ticker, args=(stop, t0, ids, where), daemon=True)
     ticker.start()
     try:
-        out = _render(job, index, first, last, worker_spec(spec, s), timings=timings)
+        out = _render(job, index, first, last, worker_spec(spec, s), timings=timings, where=where)
     except SoftTimeLimitExceeded:
         stop.set()
         report("failed", error="took longer than its time limit, %.0f s (chunk_limit_floor_s + chunk_limit_factor x"
@@ -202,7 +206,7 @@ def render(self, job: str, index: int, *, first: int, last: int, spec: dict, avo
            elapsed=time.time() - t0, video=out["video"], audio=out["audio"], timings=timings, **ids)
 
 
-def _render(job: str, index: int, first: int, last: int, spec: dict, *, timings: dict) -> dict:
+def _render(job: str, index: int, first: int, last: int, spec: dict, *, timings: dict, where: dict) -> dict:
     """render_chunk's result, its parts where the host reads them: video and audio relative to the
     host's parts_dir (the host mounts the share maybe elsewhere, or the parts were uploaded there)."""
     s, host = here.settings, _host()
@@ -214,7 +218,9 @@ def _render(job: str, index: int, first: int, last: int, spec: dict, *, timings:
     workdir = parts / job
     workdir.mkdir(parents=True, exist_ok=True)
     t = time.monotonic()
+    where.update(workdir=workdir, phase="render")
     out = media.render_chunk(spec, index, first, last, workdir)
+    where["phase"] = "upload" if host else "done"
     timings["render_s"] = round(time.monotonic() - t, 3)
     files = {k: Path(out[k]) for k in ("video", "audio")}
     if host:

@@ -35,24 +35,35 @@ def _run(argv: list) -> subprocess.CompletedProcess:
 
 
 def probe(path: Path) -> dict:
-    """{"frames", "videoSeconds", "audioSeconds", "sampleRate"} of a file (frames decoded and counted)."""
-    out = _run(["ffprobe", "-v", "error", "-count_frames", "-show_entries",
-                "stream=codec_type,nb_read_frames,duration,sample_rate", "-of", "json", path]).stdout
+    """{"frames", "videoSeconds", "audioSeconds", "sampleRate", "samples"} of a file. Frames are the
+    video's packets, counted without decoding (one frame each in MPEG-TS and MP4): a two-hour output
+    is read, not decoded."""
+    out = _run(["ffprobe", "-v", "error", "-count_packets", "-show_entries",
+                "stream=codec_type,nb_read_packets,duration,sample_rate,duration_ts,time_base", "-of", "json",
+                path]).stdout
     info = {"frames": None, "videoSeconds": None, "audioSeconds": None, "sampleRate": None}
     for s in json.loads(out)["streams"]:
         seconds = float(s["duration"]) if s.get("duration") not in (None, "N/A") else None
         if s["codec_type"] == "video" and info["frames"] is None:
-            info.update(frames=int(s.get("nb_read_frames") or 0), videoSeconds=seconds)
+            info.update(frames=int(s.get("nb_read_packets") or 0), videoSeconds=seconds)
         elif s["codec_type"] == "audio" and info["audioSeconds"] is None:
             info.update(audioSeconds=seconds, sampleRate=int(s["sample_rate"]))
+            if seconds is not None:
+                info["samples"] = round(seconds * info["sampleRate"])
     return info
 
 
-def decode_audio(path: Path, sample_rate: int):
-    """The first audio stream as mono float32 at sample_rate."""
+def decode_audio(path: Path, sample_rate: int, start: int = 0, count: int | None = None):
+    """The first audio stream as mono float64 at sample_rate: `count` samples from sample `start` (all
+    of it by default). ffmpeg seeks to the window (atrim by sample index, after the decoder's own
+    start trimming), so a window of a two-hour file costs the window, not the file."""
     np = _np()
-    raw = _run(["ffmpeg", "-v", "error", "-nostdin", "-i", path, "-map", "0:a:0", "-ac", "1",
-                "-ar", sample_rate, "-f", "f32le", "-"]).stdout
+    seek = max(0.0, start / sample_rate - 1.0)     # input seek to a second before, then exact by samples
+    skip = start - round(seek * sample_rate)
+    trim = f"atrim=start_sample={skip}" + (f":end_sample={skip + count}" if count is not None else "")
+    raw = _run(["ffmpeg", "-v", "error", "-nostdin", *(["-ss", f"{seek:.6f}"] if seek else []), "-i", path,
+                "-map", "0:a:0", "-ac", "1", "-ar", sample_rate, "-af", f"asetpts=N/SR/TB,{trim}",
+                "-f", "f32le", "-"]).stdout
     return np.frombuffer(raw, dtype="<f4").astype(np.float64)
 
 
@@ -88,18 +99,21 @@ def audio_offset(out: Path, reference: Path, *, window_s: float = 0.25, max_lag_
                  margin_s: float = 0.05) -> dict:
     """Offset of out's audio against the reference at the start and at the end, in ms."""
     np = _np()
-    rate = probe(reference)["sampleRate"]
-    if not rate:
+    info = probe(reference)
+    rate, total = info["sampleRate"], info.get("samples")
+    if not rate or not total:
         raise VerifyError(f"{reference} has no audio stream")
-    ref, sig = decode_audio(reference, rate), decode_audio(out, rate)
-    window = min(int(window_s * rate), len(ref) // 4)
-    margin, max_lag = min(int(margin_s * rate), len(ref) // 8), int(max_lag_s * rate)
+    window = min(int(window_s * rate), total // 4)
+    margin, max_lag = min(int(margin_s * rate), total // 8), int(max_lag_s * rate)
     result = {"sampleRate": rate}
-    for name, at in (("start", margin), ("end", len(ref) - margin - window)):
-        if window < 16 or np.dot(ref[at:at + window], ref[at:at + window]) < 1e-6 * window:
+    for name, at in (("start", margin), ("end", total - margin - window)):
+        lo = max(0, at - max_lag)                   # only the window and its lags, from both files
+        ref = decode_audio(reference, rate, lo, at + window - lo)
+        if window < 16 or np.dot(ref[at - lo:], ref[at - lo:]) < 1e-6 * window:
             result[name] = None  # a silent (or too short) reference: nothing to measure against
             continue
-        lag, peak = find_lag(sig, ref, at, window, max_lag)
+        sig = decode_audio(out, rate, lo, at + window + max_lag - lo)
+        lag, peak = find_lag(sig, ref, at - lo, window, max_lag)
         result[name] = {"offsetMs": round(1000 * lag / rate, 4), "peak": round(peak, 4)}
     return result
 

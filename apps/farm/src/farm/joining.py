@@ -1,0 +1,142 @@
+"""A job's end, off the coordinator's loop: each join (the concat, the one AAC encode, the verify) runs
+in a child process of its own, at most join_workers at once, so that one long join holds back no
+other job, and a join can be cancelled (SIGTERM to its process group: farm.proc takes its ffmpeg down
+too). The child dies with the coordinator (PR_SET_PDEATHSIG); the join is then run again at the next
+start, and its output, renamed into place only when whole, is the same.
+
+    python -m farm.joining REQUEST.json RESULT.json    (REQUEST: settings, job, chunks)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from farm import join as media_join
+from farm import render as media_render
+from farm import verify as media_verify
+from farm.config import Settings
+from farm.tasks import worker_spec
+
+
+def run(s: Settings, job: dict, chunks: list[dict]) -> dict:
+    """Join the parts by chunk index into job["out"] and verify it: {"join", "verify", "timings"}."""
+    if [c["idx"] for c in chunks] != list(range(len(chunks))):
+        raise ValueError("chunks %s are not 0..%d" % ([c["idx"] for c in chunks], len(chunks) - 1))
+    parts = Path(s.parts_dir)
+    out = Path(job["out"])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    joined = media_join.join([parts / c["video"] for c in chunks], [parts / c["audio"] for c in chunks],
+                             out, fps=job["fps"])
+    t1 = time.monotonic()
+    spec = worker_spec(job["spec"], s)     # the host's own executables, never the job's
+    frames, ref, kw = job["frames"], Path(s.work_dir) / "verify" / job["id"], {}
+    if job["verify"] or spec.get("renderer") == "testsrc":   # testsrc's reference tone costs nothing
+        ref.mkdir(parents=True, exist_ok=True)
+        kw["reference_audio"] = media_render.reference_audio(spec, frames, ref / "reference.wav")
+    if job["verify"]:   # a single-node reference of sampled frames (the middle ones), compared by PSNR
+        n = min(frames, s.min_chunk)
+        first = (frames - n) // 2
+        sample = media_render.render_chunk(spec, 0, first, first + n - 1, ref)
+        kw.update(reference_video=Path(sample["video"]), reference_first=first)
+    checked = media_verify.verify(out, frames=frames, fps=job["fps"], **kw)
+    timings = {"join_s": round(t1 - t0, 3), "verify_s": round(time.monotonic() - t1, 3)}
+    return {"join": joined, "verify": checked, "timings": timings}
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)     # PR_SET_PDEATHSIG
+
+
+class Joins:
+    """The joins under way and waiting. want() asks for one (again: nothing), poll() starts what the
+    pool has room for and hands back what ended: [(job id, result dict, or an error text)]."""
+
+    argv = [sys.executable, "-m", "farm.joining"]   # the tests' wrapper replaces it
+
+    def __init__(self, s: Settings):
+        self.s = s
+        self.dir = Path(s.work_dir) / "joins"
+        self.running: dict[str, subprocess.Popen] = {}
+        self.waiting: list[str] = []
+
+    def want(self, job: dict, chunks: list[dict]) -> None:
+        jid = job["id"]
+        if jid in self.running or jid in self.waiting:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        request = {"settings": dataclasses.asdict(self.s), "job": job, "chunks": chunks, "parent": os.getpid()}
+        (self.dir / (jid + ".request.json")).write_text(json.dumps(request, default=str))
+        (self.dir / (jid + ".result.json")).unlink(missing_ok=True)
+        self.waiting.append(jid)
+
+    def poll(self) -> list[tuple[str, dict | str]]:
+        ended = []
+        for jid, p in list(self.running.items()):
+            if p.poll() is None:
+                continue
+            del self.running[jid]
+            result = self.dir / (jid + ".result.json")
+            try:
+                ended.append((jid, json.loads(result.read_text())))
+            except (OSError, ValueError):
+                ended.append((jid, "the join's process ended (exit %s) without a result" % p.returncode))
+            for f in (result, self.dir / (jid + ".request.json")):
+                f.unlink(missing_ok=True)
+        while self.waiting and len(self.running) < self.s.join_workers:
+            jid = self.waiting.pop(0)
+            log = open(self.dir / (jid + ".log"), "ab")
+            with log:
+                self.running[jid] = subprocess.Popen(
+                    [*self.argv, str(self.dir / (jid + ".request.json")), str(self.dir / (jid + ".result.json"))],
+                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return ended
+
+    def cancel(self, jid: str) -> None:
+        """The join stopped (its ffmpeg too); nothing of it stays but its temporaries, which gc prunes."""
+        if jid in self.waiting:
+            self.waiting.remove(jid)
+        p = self.running.pop(jid, None)
+        if p is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait(10)
+
+    def stop(self) -> None:
+        for jid in list(self.running) + list(self.waiting):
+            self.cancel(jid)
+
+
+def main(argv: list[str]) -> int:
+    request, result = Path(argv[0]), Path(argv[1])
+    r = json.loads(request.read_text())
+    _die_with_parent()
+    if os.getppid() != r.get("parent", os.getppid()):    # the coordinator died before the prctl
+        return 1
+    try:
+        out = run(Settings(**r["settings"]), r["job"], r["chunks"])
+    except Exception as e:          # the coordinator fails the job with it
+        out = {"error": "%s: %s" % (type(e).__name__, e)}
+    tmp = result.with_suffix(".tmp")
+    tmp.write_text(json.dumps(out, default=str))
+    os.replace(tmp, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

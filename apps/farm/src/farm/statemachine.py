@@ -1,0 +1,295 @@
+"""A job's state machine: every change of a job, a chunk or an attempt, each in one SQLite transaction
+with the decisions it makes (README "Crash safety"). Nothing here talks to the broker or smem: what
+must happen there is written as rows (attempts to publish, outbox rows, nodes to give back) that the
+coordinator carries out after the commit, at every tick and at start-up.
+
+Whose fault a lost attempt is: README "Whose fault"."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from farm.config import Settings
+from farm.db import DB, LIVE
+
+# A chunk whose worker was lost jumps the queue: the job waits for it, and that node cannot take it
+# again. One that failed goes to the back, so a broken node meets other chunks and is blocklisted.
+LOST_PRIORITY = 9
+LOST = "lost: its worker died or hung (re-delivered by the broker)"
+
+
+class StateMachine:
+    def __init__(self, s: Settings, db: DB):
+        self.s, self.db = s, db
+        self.outage_since: float | None = None         # the coordinator's broker connection is down since
+        self.outages: list[tuple[float, float]] = []   # (lost, back) of each outage it saw
+
+    # -- the broker's outages, as the coordinator sees them ----------------------------------------------
+    def broker_lost(self, at: float) -> None:
+        if self.outage_since is None:
+            self.outage_since = at
+
+    def broker_back(self, at: float) -> bool:
+        if self.outage_since is None:
+            return False
+        self.outages.append((self.outage_since, at))
+        self.outage_since = None
+        return True
+
+    def _excuse(self, a: dict, now: float) -> str | None:
+        """Why a re-delivered attempt is nobody's fault, or None (not known yet)."""
+        for lost, back in self.outages + ([(self.outage_since, now)] if self.outage_since else []):
+            if (a["started_at"] or 0) <= back and now - back <= self.s.outage_grace_s:
+                return "the broker was away (the coordinator's own connection was lost %s, back %s)" % (
+                    time.strftime("%H:%M:%S", time.localtime(lost)), time.strftime("%H:%M:%S", time.localtime(back)))
+        return None
+
+    # -- a job's life -------------------------------------------------------------------------------------
+    def new_attempt(self, c, jid: str, idx: int, priority: int = 0) -> str:
+        n = c.execute("UPDATE chunks SET attempts=attempts+1 WHERE job_id=? AND idx=? RETURNING attempts",
+                      (jid, idx)).fetchone()[0]
+        aid = "%s.%d.%d" % (jid, idx, n)
+        c.execute("INSERT INTO attempts(id, job_id, idx, n, priority, created_at) VALUES (?,?,?,?,?,?)",
+                  (aid, jid, idx, n, priority, time.time()))
+        return aid
+
+    def running(self, jid: str) -> None:
+        """Leased and queued: each chunk's first attempt recorded, to be published."""
+        with self.db.tx() as c:
+            for ch in c.execute("SELECT idx FROM chunks WHERE job_id=? AND attempts=0", (jid,)).fetchall():
+                self.new_attempt(c, jid, ch[0])
+            c.execute("UPDATE jobs SET state='running', started_at=? WHERE id=?", (time.time(), jid))
+
+    def joining(self, jid: str) -> None:
+        with self.db.tx() as c:
+            c.execute("UPDATE jobs SET state='joining' WHERE id=?", (jid,))
+            self.db.event(jid, "all chunks rendered; giving the nodes back; joining", c)
+
+    def end_tx(self, c, job: dict, state: str, reason: str) -> None:
+        """The job's end, in the caller's transaction: its state, its attempts revoked (the revoke itself
+        in the outbox), and its nodes left to give back (nodes_released=0: the tick and the start-up
+        release them). Nothing of it waits for code that runs after the commit."""
+        jid = job["id"]
+        if c.execute("SELECT state FROM jobs WHERE id=?", (jid,)).fetchone()[0] not in LIVE:
+            return
+        pending = [r[0] for r in c.execute("SELECT id FROM attempts WHERE job_id=? AND state IN ('queued','started')",
+                                           (jid,))]
+        c.execute("UPDATE jobs SET state=?, reason=?, finished_at=? WHERE id=?", (state, reason, time.time(), jid))
+        c.execute("UPDATE attempts SET state='revoked' WHERE job_id=? AND state IN ('queued','started')", (jid,))
+        if pending:        # stop the renders in progress; the queue goes with the nodes
+            self.outbox(c, jid, "revoke", {"ids": pending})
+        self.db.event(jid, "%s: %s" % (state, reason), c)
+
+    def end(self, job: dict, state: str, reason: str) -> None:
+        with self.db.tx() as c:
+            self.end_tx(c, job, state, reason)
+
+    def finish(self, job: dict, state: str, reason: str, result: dict | None) -> None:
+        """The join's outcome (done, failed, or cancelled while joining)."""
+        timings = {**(job.get("timings") or {}), **((result or {}).get("timings") or {})}
+        with self.db.tx() as c:
+            c.execute("UPDATE jobs SET state=?, reason=?, result=?, finished_at=?, timings=? WHERE id=?",
+                      (state, reason, json.dumps(result, default=str) if result else None, time.time(),
+                       json.dumps(timings) if timings else None, job["id"]))
+            self.db.event(job["id"], "%s: %s" % (state, reason), c)
+
+    def lease_lost(self, job: dict, lease_id: str, why: str) -> None:
+        """The job may no longer use its nodes: no new chunks for them (consumers cancelled), the chunks
+        they render stopped and re-queued (not charged), and the job waits for a lease again (state
+        submitted: the coordinator's begin takes one and brings the consumers back)."""
+        jid = job["id"]
+        with self.db.tx() as c:
+            started = [dict(r) for r in c.execute("SELECT * FROM attempts WHERE job_id=? AND state='started'", (jid,))]
+            c.execute("UPDATE attempts SET state='interrupted', charged=0, error=?, finished_at=? WHERE job_id=?"
+                      " AND state='started'", ("lease lost: " + why, time.time(), jid))
+            c.execute("UPDATE leases SET released_at=? WHERE id=?", (time.time(), lease_id))
+            c.execute("UPDATE jobs SET state='submitted' WHERE id=?", (jid,))
+            self.outbox(c, jid, "cancel_consumers", {"nodes": [n for n in job["nodes"] if n not in self.s.never_lend]})
+            if started:
+                self.outbox(c, jid, "revoke", {"ids": [a["id"] for a in started]})
+            self.db.event(jid, "lease %s lost: %s; its nodes stop, %d chunks re-queued, waiting for a lease again"
+                          % (lease_id, why, len(started)), c)
+            for a in started:
+                self.decide_chunk(c, job, a["idx"], LOST_PRIORITY)
+
+    def outbox(self, c, jid: str, action: str, args: dict) -> None:
+        c.execute("INSERT INTO outbox(job_id, action, args, created_at) VALUES (?,?,?,?)",
+                  (jid, action, json.dumps(args), time.time()))
+
+    # -- reports from the workers ------------------------------------------------------------------------
+    def apply(self, r: dict) -> None:
+        job = self.db.job(r.get("job", ""))
+        a = self.db.one("SELECT * FROM attempts WHERE id=?", (r.get("attempt", ""),))
+        if job is None or a is None or job["state"] != "running":
+            return
+        if r.get("event") == "interrupted":
+            return self._interrupted(job, a, r)
+        ev, ts, jid, idx = r["event"], r.get("ts", time.time()), job["id"], a["idx"]
+        if ev == "done" and (bad := self._bad_parts(jid, idx, r)):
+            r, ev = {**r, "event": "failed", "error": bad}, "failed"
+        with self.db.tx() as c:
+            heard = time.time()
+            if ev == "started" and a["state"] == "queued":
+                c.execute("UPDATE attempts SET state='started', node=?, started_at=?, last_report_at=?, heard_at=?"
+                          " WHERE id=?", (r["node"], ts, ts, heard, a["id"]))
+            elif ev == "progress" and a["state"] == "started":
+                phase, size = r.get("phase"), r.get("written")
+                grew = phase == "render" and (a["phase"] != "render" or (size or 0) > (a["written"] or 0))
+                c.execute("UPDATE attempts SET last_report_at=?, heard_at=?, elapsed=?, phase=?,"
+                          " written=coalesce(?, written), grew_at=CASE WHEN ? THEN ? ELSE grew_at END WHERE id=?",
+                          (ts, heard, r.get("elapsed"), phase, size, grew, heard, a["id"]))
+            elif ev == "done":
+                if a["state"] in ("queued", "started"):
+                    c.execute("UPDATE attempts SET state='done', finished_at=?, elapsed=? WHERE id=?",
+                              (ts, r.get("elapsed"), a["id"]))
+                else:   # a hung node came back and finished what was given up on
+                    self.db.event(jid, "chunk %d attempt %d on %s finished after it was %s"
+                                  % (idx, a["n"], r["node"], a["state"]), c)
+                n = c.execute("UPDATE chunks SET state='done', node=?, video=?, audio=?, seconds=?, done_at=?,"
+                              " timings=? WHERE job_id=? AND idx=? AND state!='done'",
+                              (r["node"], r["video"], r["audio"], r.get("seconds"), ts,
+                               json.dumps(r["timings"]) if r.get("timings") else None, jid, idx)).rowcount
+                if not n:
+                    self.db.event(jid, "chunk %d rendered again by %s: ignored, the first one counts"
+                                  % (idx, r["node"]), c)
+            elif ev in ("failed", "lost") and a["state"] in ("queued", "started"):
+                self.attempt_failed(c, job, a, r)
+
+    def _bad_parts(self, jid: str, idx: int, r: dict) -> str | None:
+        """Why a done report's parts are not this chunk's files in parts_dir/<job>/ (they become ffmpeg's
+        inputs, read with -safe 0), or None."""
+        folder = (Path(self.s.parts_dir) / jid).resolve()
+        for key, ext in (("video", ".ts"), ("audio", ".wav")):
+            name = r.get(key)
+            want = "part-%05d%s" % (idx, ext)
+            if not isinstance(name, str) or (Path(self.s.parts_dir) / name).resolve() != folder / want:
+                return "bad report: its %s is %r, not %s/%s" % (key, name, jid, want)
+        return None
+
+    def _interrupted(self, job: dict, a: dict, r: dict) -> None:
+        """The attempt's own worker says it lost its broker connection while rendering it (and stopped
+        the render): not its fault. Re-run at once if the broker has not re-delivered it yet."""
+        if r["node"] != a["node"] or a["state"] not in ("started", "lost") or a["charged"] is not None:
+            return
+        why = "interrupted: %s lost its broker connection mid-render" % r["node"]
+        with self.db.tx() as c:
+            c.execute("UPDATE attempts SET state=CASE state WHEN 'started' THEN 'interrupted' ELSE state END,"
+                      " charged=0, error=?, finished_at=coalesce(finished_at, ?) WHERE id=?",
+                      (why, r.get("ts"), a["id"]))
+            self.db.event(job["id"], "chunk %d attempt %d: %s; not charged" % (a["idx"], a["n"], why), c)
+            self.decide_chunk(c, job, a["idx"], LOST_PRIORITY)
+
+    def given_up(self, job: dict, a: dict, why: str) -> None:
+        """The watchdog gave the attempt up (silent, or its render stalled): the node's fault; the revoke
+        goes through the outbox."""
+        with self.db.tx() as c:
+            self.outbox(c, job["id"], "revoke", {"ids": [a["id"]]})
+            self.attempt_failed(c, job, a, {"event": "lost", "ts": time.time(), "error": why, "silent": True})
+
+    def attempt_failed(self, c, job: dict, a: dict, r: dict) -> None:
+        """Records a failed or lost attempt and, in the same transaction, what follows from it (a
+        charge, a retry, the chunk's or the job's end)."""
+        jid, idx, ev, now = job["id"], a["idx"], r["event"], time.time()
+        node = a["node"] if ev == "lost" else r["node"]   # lost: the node that started it, not the one that saw it
+        why = r.get("error") or LOST
+        if ev == "failed" or r.get("silent") or not node:
+            charged, excuse = (1 if node else 0), None
+        else:
+            excuse = self._excuse(a, now)
+            charged = 0 if excuse else None                 # None: waits excuse_wait_s for its node's word
+        c.execute("UPDATE attempts SET state=?, finished_at=?, error=?, node=coalesce(node, ?), charged=?, lost_at=?"
+                  " WHERE id=?", (ev, r.get("ts"), why + ("; not charged: " + excuse if excuse else ""), node,
+                                  charged, now, a["id"]))
+        chunk = dict(c.execute("SELECT * FROM chunks WHERE job_id=? AND idx=?", (jid, idx)).fetchone())
+        if chunk["state"] == "done":
+            return
+        self.db.event(jid, "chunk %d attempt %d on %s: %s%s" % (
+            idx, a["n"], node or "?", why, "; not charged: " + excuse if excuse else
+            "; charged to the node" if charged else "; waiting for the node's word before charging it"), c)
+        if charged:
+            self._charge(c, job, {**a, "node": node}, why)
+        self.decide_chunk(c, job, idx, LOST_PRIORITY if ev == "lost" else 0)
+
+    def _charge(self, c, job: dict, a: dict, why: str) -> None:
+        jid, node = job["id"], a["node"]
+        c.execute("INSERT OR IGNORE INTO node_failures(job_id, node, idx, attempt_id, reason, at)"
+                  " VALUES (?,?,?,?,?,?)", (jid, node, a["idx"], a["id"], why, time.time()))
+        fails = c.execute("SELECT count(DISTINCT idx) FROM node_failures WHERE job_id=? AND node=?",
+                          (jid, node)).fetchone()[0]
+        if fails >= self.s.blocklist_after and c.execute("INSERT OR IGNORE INTO blocklist(job_id, node, at)"
+                                                          " VALUES (?,?,?)", (jid, node, time.time())).rowcount:
+            self.db.event(jid, "%s blocklisted for this job: %d chunks failed there" % (node, fails), c)
+            self.outbox(c, jid, "cancel_consumers", {"nodes": [node]})
+            blocked = {r[0] for r in c.execute("SELECT node FROM blocklist WHERE job_id=?", (jid,))}
+            if not set(job["nodes"]) - blocked:
+                self.end_tx(c, job, "failed", "every node of the job is blocklisted")
+
+    def decide_chunk(self, c, job: dict, idx: int, priority: int = 0) -> None:
+        """A chunk not done with no attempt under way: a retry, the chunk's end (and the job's), or a
+        wait for undecided charges. Idempotent: settle() runs it again after a charge is decided."""
+        jid = job["id"]
+        if c.execute("SELECT state FROM jobs WHERE id=?", (jid,)).fetchone()[0] not in LIVE:
+            return
+        chunk = dict(c.execute("SELECT * FROM chunks WHERE job_id=? AND idx=?", (jid, idx)).fetchone())
+        tried = [dict(t) for t in c.execute("SELECT n, node, state, error, charged FROM attempts WHERE job_id=?"
+                                            " AND idx=? ORDER BY n", (jid, idx))]
+        if chunk["state"] != "queued" or any(t["state"] in ("queued", "started") for t in tried):
+            return
+        charged = sum(1 for t in tried if t["charged"] == 1)
+        undecided = sum(1 for t in tried if t["charged"] is None and t["state"] == "lost")
+        reason = None
+        if charged >= self.s.attempts:
+            reason = "chunk %d (frames %d-%d) failed %d attempts (the cap)" % (
+                idx, chunk["first"], chunk["last"], charged)
+        elif len(tried) >= self.s.attempts + self.s.excused_attempts:
+            reason = "chunk %d (frames %d-%d) was re-run %d times (attempts + excused_attempts)" % (
+                idx, chunk["first"], chunk["last"], len(tried))
+        elif charged + undecided >= self.s.attempts:
+            return          # the cap, if the losses are charged: decided when they are (settle)
+        if reason:
+            reason += ": " + "; ".join("#%d on %s: %s" % (t["n"], t["node"] or "?", t["error"]) for t in tried)
+            c.execute("UPDATE chunks SET state='failed', reason=? WHERE job_id=? AND idx=?", (reason, jid, idx))
+            self.end_tx(c, job, "failed", reason)
+        else:
+            self.new_attempt(c, jid, idx, priority)
+
+    def settle(self, now: float) -> None:
+        """Losses still undecided after excuse_wait_s are the node's fault: charged, and their chunks
+        decided (also in a job that has ended since: the charge is the node's record)."""
+        for a in self.db.rows("SELECT * FROM attempts WHERE state='lost' AND charged IS NULL AND lost_at < ?",
+                              (now - self.s.excuse_wait_s,)):
+            job = self.db.job(a["job_id"])
+            with self.db.tx() as c:
+                c.execute("UPDATE attempts SET charged=1 WHERE id=?", (a["id"],))
+                self.db.event(a["job_id"], "chunk %d attempt %d: no word from %s in %g s (excuse_wait_s): charged"
+                              % (a["idx"], a["n"], a["node"], self.s.excuse_wait_s), c)
+                self._charge(c, job, a, a["error"])
+                self.decide_chunk(c, job, a["idx"], LOST_PRIORITY)
+
+    # -- what the coordinator asks ------------------------------------------------------------------------
+    def nodes_for(self, job: dict) -> list[str]:
+        """The job's nodes that may take its chunks: not blocklisted, not never-lent."""
+        blocked = {r["node"] for r in self.db.rows("SELECT node FROM blocklist WHERE job_id=?", (job["id"],))}
+        return [n for n in job["nodes"] if n not in blocked and n not in self.s.never_lend]
+
+    def failed_nodes(self, jid: str, idx: int) -> list[str]:
+        """The nodes charged with a failure of this chunk."""
+        return sorted({r["node"] for r in self.db.rows(
+            "SELECT node FROM attempts WHERE job_id=? AND idx=? AND charged=1 AND node IS NOT NULL", (jid, idx))})
+
+    def stuck(self, job: dict, now: float, up_for: float) -> list[tuple[dict, str]]:
+        """Started attempts to give up, and why: not heard of for silent_after_s (its reports cannot get
+        out), or in the render phase with no byte written for stall_after_s (a hung render). Each check
+        only once the coordinator has been up and connected that long (the clocks are its own, and the
+        reports of a coordinator that was away wait in the queue). Queued ones wait however long."""
+        quiet, stall, out = self.s.silent_after_s, self.s.stall_after_s, []
+        for a in self.db.rows("SELECT * FROM attempts WHERE job_id=? AND state='started'", (job["id"],)):
+            heard = a["heard_at"] or a["started_at"]
+            if up_for >= quiet and heard < now - quiet:
+                out.append((a, "silent for %.0f s (silent_after_s %g): given up, revoked" % (now - heard, quiet)))
+            elif up_for >= stall and a["phase"] == "render" and a["grew_at"] and a["grew_at"] < now - stall:
+                out.append((a, "its render wrote nothing for %.0f s (stall_after_s %g; %d bytes so far): a hung"
+                               " render, given up, revoked" % (now - a["grew_at"], stall, a["written"] or 0)))
+        return out
