@@ -9,7 +9,7 @@ correlation looks within +-450 ms (the chirp repeats every second), so a larger 
 aliased; the last column, the AAC concatenation's decoded samples less those of farm's output, is
 the audio that its joins inserted before the end, whole.
 
-  bench/farm_audio.py                         # 1920 frames (64 s at 30 fps), 2 8 32 parts
+  bench/farm_audio.py                         # 64 s at 30 and at 60 fps, 2 8 32 parts
   bench/farm_audio.py --remotion --parts 2 3  # the example composition: bundle and chunk times too
 """
 
@@ -53,7 +53,9 @@ def row(method, n, check, inserted=""):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--parts", type=int, nargs="+", default=[2, 8, 32])
-    ap.add_argument("--frames", type=int, default=1920)
+    ap.add_argument("--frames", type=int, default=None, help="default 64 s of frames at each fps")
+    ap.add_argument("--fps", type=int, nargs="+", default=[30, 60],
+                    help="testsrc's rates (60: where Remotion's users hear clicks)")
     ap.add_argument("--remotion", action="store_true", help="render the example composition instead")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="farm-audio-") as tmp:
@@ -68,27 +70,37 @@ def main() -> int:
             single = render_chunk(spec, 0, 0, frames - 1, work / "single")
             print(f"single-node render of {frames} frames: {single['seconds']:.1f} s")
             ref = Path(single["audio"])
+            runs = [(spec, frames, ref)]
         else:
-            spec, frames = {"renderer": "testsrc", "width": 160, "height": 90, "fps": 30}, a.frames
-            ref = reference_audio(spec, frames, work / "ref.wav")
-        print(f"{'method':<22} {'parts':>5} {'frames':>7} {'offset (ms)':>12} {'drift (ms)':>10} "
-              f"{'inserted (ms)':>14}")
-        for n in a.parts:
-            d = work / f"p{n}"
-            parts = [render_chunk(spec, i, first, last, d)
-                     for i, first, last in plan_chunks(frames, n, min_chunk=1, per_node=1)]
-            for p in parts:
-                p["fps"] = spec["fps"]
-            if a.remotion:
-                times = [p["seconds"] for p in parts]
-                print(f"  {n} chunks of ~{frames // n} frames: {', '.join(f'{t:.1f}' for t in times)} s each")
-            out = join([p["video"] for p in parts], [p["audio"] for p in parts], d / "farm.mp4", fps=spec["fps"])
-            good, bad = Path(out["out"]), aac_concat(parts, d / "aac.mp4", d)
-            row("farm (PCM, AAC once)", n, verify(good, frames=frames, fps=spec["fps"], reference_audio=ref))
-            inserted = (len(decode_audio(bad, 48000)) - len(decode_audio(good, 48000))) / 48
-            row("AAC per part, concat", n, verify(bad, frames=frames, fps=spec["fps"], reference_audio=ref),
-                f"{inserted:.1f}")
+            runs = []
+            for fps in a.fps:
+                spec = {"renderer": "testsrc", "width": 160, "height": 90, "fps": fps}
+                frames = a.frames or 64 * fps
+                runs.append((spec, frames, reference_audio(spec, frames, work / f"ref-{fps}.wav")))
+        for spec, frames, ref in runs:
+            print(f"{spec['fps']} fps, {frames} frames")
+            table(a, work, spec, frames, ref)
     return 0
+
+
+def table(a, work: Path, spec: dict, frames: int, ref: Path) -> None:
+    print(f"{'method':<22} {'parts':>5} {'frames':>7} {'offset (ms)':>12} {'drift (ms)':>10} "
+          f"{'inserted (ms)':>14}")
+    for n in a.parts:
+        d = work / f"p{n}-{spec['fps']}"
+        parts = [render_chunk(spec, i, first, last, d)
+                 for i, first, last in plan_chunks(frames, n, min_chunk=1, per_node=1)]
+        for p in parts:
+            p["fps"] = spec["fps"]
+        if a.remotion:
+            times = [p["seconds"] for p in parts]
+            print(f"  {n} chunks of ~{frames // n} frames: {', '.join(f'{t:.1f}' for t in times)} s each")
+        out = join([p["video"] for p in parts], [p["audio"] for p in parts], d / "farm.mp4", fps=spec["fps"])
+        good, bad = Path(out["out"]), aac_concat(parts, d / "aac.mp4", d)
+        row("farm (PCM, AAC once)", n, verify(good, frames=frames, fps=spec["fps"], reference_audio=ref))
+        inserted = (len(decode_audio(bad, 48000)) - len(decode_audio(good, 48000))) / 48
+        row("AAC per part, concat", n, verify(bad, frames=frames, fps=spec["fps"], reference_audio=ref),
+            f"{inserted:.1f}")
 
 
 if __name__ == "__main__":

@@ -302,3 +302,51 @@ def test_check_mode_shows_the_firewalls_difference_and_changes_nothing():
         assert host.file(ruleset).content_string == tampered          # check mode changed nothing
     finally:
         host.check_output(f"sed -i 's/^\\(\\s*\\)# opened by hand$/\\1{RULE}/' {ruleset}")
+
+
+LEASE_NODES = ["vca-node0", "vca-node4"]
+
+
+def farm_status(job: str) -> dict:
+    return json.loads(machine("host").check_output(f"farm status {job} --json"))
+
+
+def smem_admin(method: str, path: str, body: dict | None = None) -> dict:
+    """smem's admin API as the farm reaches it (its smem_url, its admin token), from the host."""
+    host = machine("host")
+    url = re.search(r'^smem_url = "(.+)"$', host.check_output("cat /etc/farm/farm.toml"), re.M).group(1)
+    data = f" -H 'Content-Type: application/json' -d {shlex.quote(json.dumps(body))}" if body else ""
+    out = host.check_output(f"curl -sS -X {method} -H \"Authorization: Bearer $(cat /etc/smem/admin.token)\""
+                            f"{data} {url}{path}")
+    return json.loads(out) if out.strip() else {}
+
+
+def test_a_farm_job_whose_lease_smem_lent_elsewhere_stops_its_nodes_and_resumes():
+    """(issue 26, point 6, where smem and the farm both run) The lease ran out and smem lent the nodes
+    to another: the farm stops taking chunks there at once, re-queues what they render without a
+    charge, waits for its nodes, and finishes once it has them back."""
+    host = machine("host")
+    job = host.check_output("farm submit --project /var/lib/farm/examples/hello --composition Hello"
+                            f" --out lease.mp4 --detach --nodes {' '.join(LEASE_NODES)}").split()[0]
+    deadline = time.monotonic() + 300
+    while not any(c["state"] == "rendering" for c in (v := farm_status(job))["chunks"]):
+        assert time.monotonic() < deadline, v
+        time.sleep(0.5)
+    [ours] = [lz for lz in v["leases"] if lz["released_at"] is None]
+    smem_admin("DELETE", f"/v5/admin/leases/{ours['id']}")
+    theirs = smem_admin("POST", "/v5/admin/leases", {"nodes": LEASE_NODES, "holder": "molecule", "ttlSeconds": 300})
+    try:
+        while not any("lost" in e["text"] and ours["id"] in e["text"] for e in (v := farm_status(job))["events"]):
+            assert time.monotonic() < deadline, v
+            time.sleep(1)
+        assert v["job"]["state"] == "submitted", v["job"]
+        time.sleep(5)
+        assert not any(c["state"] == "rendering" for c in farm_status(job)["chunks"]), farm_status(job)["chunks"]
+    finally:
+        smem_admin("DELETE", f"/v5/admin/leases/{theirs['id']}")
+    while (v := farm_status(job))["job"]["state"] not in ("done", "failed", "cancelled"):
+        assert time.monotonic() < deadline, v
+        time.sleep(1)
+    assert v["job"]["state"] == "done", v["job"]["reason"]
+    assert v["failures"] == {}, v["events"]
+    assert all(lz["released_at"] for lz in v["leases"]), v["leases"]

@@ -179,6 +179,15 @@ def test_a_coordinator_killed_mid_job_ends_it_and_gives_its_nodes_back():
     assert any("resuming" in e["text"] for e in v["events"]), v["events"]
 
 
+def test_retention_runs_by_its_timer_and_keeps_the_outputs():
+    assert HOST.service("farm-gc.timer").is_enabled and HOST.service("farm-gc.timer").is_running
+    outputs = HOST.check_output("ls /var/lib/farm/out")
+    HOST.check_output("systemctl start farm-gc.service")            # oneshot: returns when it is done
+    assert HOST.check_output("systemctl show farm-gc.service -p Result --value") == "success"
+    assert HOST.check_output("ls /var/lib/farm/out") == outputs     # the owner's files stay
+    assert "freed " in HOST.check_output("journalctl -u farm-gc.service -o cat --no-pager")   # its summary
+
+
 def test_a_worker_killed_mid_job_costs_a_retry_not_the_job():
     job = HOST.check_output(SUBMIT.format(out="killed.mp4") + " --detach").split()[0]
     deadline = time.monotonic() + 300
