@@ -147,8 +147,10 @@ def audited(tmp_path_factory):
     """The audit and the scan from the neighbour, once: what was declared, found and scanned."""
     run, out = exposure(tmp_path_factory.mktemp("exposure"))
     assert run.rc == 0, run.stdout[-6000:]
-    print("\n" + "\n".join(line.strip() for line in run.stdout.splitlines()
-                           if "exposure:" in line or "connects in" in line))   # the note's summary
+    summary = "\n".join(line.strip() for line in run.stdout.splitlines()
+                        if "exposure:" in line or "connects in" in line)
+    (PROJECT / "build").mkdir(exist_ok=True)
+    (PROJECT / "build" / "exposure-summary.txt").write_text(summary + "\n")   # kept: the audit's and scan's summary
     return json.loads((out / "audit.json").read_text()), json.loads((out / "scan-lan-neighbour.json").read_text())
 
 
@@ -329,14 +331,20 @@ def test_a_farm_job_whose_lease_smem_lent_elsewhere_stops_its_nodes_and_resumes(
     job = host.check_output("farm submit --project /var/lib/farm/examples/hello --composition Hello"
                             f" --out lease.mp4 --detach --nodes {' '.join(LEASE_NODES)}").split()[0]
     deadline = time.monotonic() + 300
-    while not any(c["state"] == "rendering" for c in (v := farm_status(job))["chunks"]):
+    while True:
+        v = farm_status(job)
+        if any(c["state"] == "rendering" for c in v["chunks"]):
+            break
         assert time.monotonic() < deadline, v
         time.sleep(0.5)
     [ours] = [lz for lz in v["leases"] if lz["released_at"] is None]
     smem_admin("DELETE", f"/v5/admin/leases/{ours['id']}")
     theirs = smem_admin("POST", "/v5/admin/leases", {"nodes": LEASE_NODES, "holder": "molecule", "ttlSeconds": 300})
     try:
-        while not any("lost" in e["text"] and ours["id"] in e["text"] for e in (v := farm_status(job))["events"]):
+        while True:
+            v = farm_status(job)
+            if any("lost" in e["text"] and ours["id"] in e["text"] for e in v["events"]):
+                break
             assert time.monotonic() < deadline, v
             time.sleep(1)
         assert v["job"]["state"] == "submitted", v["job"]
