@@ -120,3 +120,25 @@ def test_a_cancel_that_comes_too_late_says_so(tmp_path):
     r = farm(tmp_path, "cancel", job_id, "--wait", "20")
     t.join()
     assert r.returncode == 1 and "ended done before the cancel took: verified" in r.stdout, (r.stdout, r.stderr)
+
+
+def test_a_coordinator_waiting_for_its_broker_stops_on_sigterm(tmp_path):
+    """systemctl stop while the broker is away: the coordinator leaves its wait, not after TimeoutStopSec."""
+    import signal  # noqa: PLC0415
+    import socket  # noqa: PLC0415
+
+    with socket.socket() as s:          # a port with nothing behind it
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = tmp_path / "farm.toml"
+    cfg.write_text('db_path = "%s"\nbroker_url = "amqp://guest:guest@127.0.0.1:%d//"\n' % (tmp_path / "farm.db", port))
+    p = subprocess.Popen([sys.executable, "-m", "farm", "--config", str(cfg), "coordinator"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env={"PYTHONPATH": str(APP / "src"), "PATH": "/usr/bin:/bin"})
+    try:
+        time.sleep(3)                    # in its reconnect loop by now
+        assert p.poll() is None
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(15) == 0
+    finally:
+        p.kill()

@@ -38,6 +38,10 @@ def verified_text(v: dict) -> str:
     return frames + ", audio offset %.3f ms, drift %.3f ms" % (v["offsetMs"], v.get("driftMs") or 0.0)
 
 
+class Stopped(Exception):
+    """The coordinator was told to stop while it waited for the broker."""
+
+
 class Coordinator:
     def __init__(self, settings: Settings, *, leases: LeaseClient | None = None):
         self.s = settings
@@ -75,9 +79,14 @@ class Coordinator:
         self.recover()
         conn = self.app.connection_for_read()
         last_tick = 0.0
+
+        def stop_waiting():          # kombu calls it while it waits for the broker: a stop ends the wait
+            if stop.is_set():
+                raise Stopped
+
         while not stop.is_set():
             try:
-                conn.ensure_connection(max_retries=None, interval_max=5)
+                conn.ensure_connection(max_retries=None, interval_max=5, callback=stop_waiting)
                 if self.sm.broker_back(time.time()):   # README "Whose fault"
                     self.up_since = time.time()        # the reports of the outage's length were not sent
                 with conn.Consumer([self.reports_q], callbacks=[self._on_report], accept=["json"],
@@ -91,6 +100,8 @@ class Coordinator:
                         if time.monotonic() - last_tick >= self.s.poll_interval_s:
                             self.tick()
                             last_tick = time.monotonic()
+            except Stopped:
+                break
             except conn.recoverable_connection_errors + conn.recoverable_channel_errors as e:
                 log.warning("broker connection lost (%s); reconnecting", e)
                 self.sm.broker_lost(time.time())
