@@ -5,6 +5,7 @@ FARM_TEST_CRASH_AT=POINT   SIGKILL of the coordinator at that named step of a jo
                            the first time it is reached while the file FARM_TEST_CRASH_MARK does not exist
                            (it is made then, so the restarted coordinator goes past)
 FARM_TEST_CANCEL_FAILS=N   the first N cancel_consumer calls fail (as when the broker is away)
+FARM_TEST_APPLY_FAILS=N    applying the first N `done` reports fails (as SQLite busy or a full disk would)
 FARM_TEST_SLOW_JOIN=TEXT   the join of a job whose output path contains TEXT waits (tests/join_main.py) until
                            the file FARM_TEST_SLOW_JOIN_RELEASE exists
 """
@@ -20,6 +21,7 @@ from farm import cli, tasks
 from farm.brokerctl import BrokerControl
 from farm.coordinator import Coordinator
 from farm.joining import Joins
+from farm.statemachine import StateMachine
 
 left = [int(os.environ.get("FARM_TEST_PUBLISH_FAILS", "0"))]
 real_send_task = tasks.app.send_task
@@ -43,6 +45,17 @@ def cancel_consumers(self, jid, nodes):
     return real_cancel(self, jid, nodes)
 
 
+applies_left = [int(os.environ.get("FARM_TEST_APPLY_FAILS", "0"))]
+real_apply = StateMachine.apply
+
+
+def apply(self, r):
+    if r.get("event") == "done" and applies_left[0] > 0:
+        applies_left[0] -= 1
+        raise OSError(28, "injected: No space left on device")
+    return real_apply(self, r)
+
+
 def fault(self, point):
     mark = os.environ.get("FARM_TEST_CRASH_MARK")
     if point == os.environ.get("FARM_TEST_CRASH_AT") and mark and not os.path.exists(mark):
@@ -53,6 +66,7 @@ def fault(self, point):
 tasks.app.send_task = send_task
 Coordinator.fault = fault
 BrokerControl.cancel_consumers = cancel_consumers
+StateMachine.apply = apply
 if os.environ.get("FARM_TEST_SLOW_JOIN"):
     Joins.argv = [sys.executable, str(Path(__file__).resolve().parent / "join_main.py")]
 sys.exit(cli.main(["coordinator", *sys.argv[1:]]))

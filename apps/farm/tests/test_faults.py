@@ -90,6 +90,19 @@ def test_a_hung_render_is_seen_by_its_output_and_rendered_elsewhere(make_farm):
     print("\nhung render: %s" % hung[0]["error"])
 
 
+def test_a_report_that_could_not_be_applied_is_requeued_not_dropped(make_farm):
+    """Applying the first two `done` reports fails (a full disk): each goes back to the queue and is
+    applied later, so the job ends without waiting out silent_after_s and without a retry."""
+    farm = make_farm(silent_after_s=600.0, report_retry_s=0.5)
+    farm.start_workers()
+    farm.start_coordinator(FARM_TEST_APPLY_FAILS="2")
+    job_id = farm.submit(frames=30)
+    farm.wait_state(job_id, ("done", "failed"), timeout=120)
+    assert_every_chunk_once(farm, job_id)
+    assert [a["n"] for a in farm.attempts(job_id)] == [1, 1, 1]
+    assert farm.log("coordinator.log").count("not applied; requeued") == 2
+
+
 POINTS = ["begin:running", "report:applied", "joining:recorded", "release:consumers"]
 
 
