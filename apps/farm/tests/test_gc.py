@@ -68,11 +68,13 @@ def test_temporaries_go_once_older_than_temp_max_age(s):
     half = aged(Path(s.parts_dir) / jid / ".part-00001.123-ab.ts", 7)
     rendering = aged(Path(s.parts_dir) / jid / ".part-00002.124-cd.ts", 0.1)
     killed_join = aged(Path(s.output_dir) / ".x.mp4.abc123", 7, folder=True)
+    (killed_join / "videos.txt").write_text("file 'part-00000.ts'\n")
     (killed_join / "audio.wav").write_bytes(b"w" * 100)
+    owners = aged(Path(s.output_dir) / ".thumbnails", 7, folder=True)          # not the farm's: kept
     os.utime(killed_join, (time.time() - 7 * HOUR,) * 2)
     staged = aged(Path(s.work_dir) / "bundles" / ".new-42", 7, folder=True)
     Pruner(s).run()
-    assert not half.exists() and not killed_join.exists() and not staged.exists()
+    assert not half.exists() and not killed_join.exists() and not staged.exists() and owners.exists()
     assert rendering.exists() and (Path(s.parts_dir) / jid / "part-00000.ts").exists()
 
 

@@ -95,8 +95,9 @@ class Pruner:
     def _temporaries(self) -> None:
         s, now, old = self.s, self.now, self.s.temp_max_age_h * HOUR
         work, out, parts = Path(s.work_dir), Path(s.output_dir), Path(s.parts_dir)
+        joins = (d for d in out.rglob(".*") if d.is_dir() and (d / "videos.txt").is_file())   # farm.join's own
         found = [*parts.glob("*/.part-*"), *(work / "bundles").glob(".new-*"), *(work / "bundle-tars").glob(".*"),
-                 *(f for f in out.rglob(".*") if f.is_dir())]
+                 *joins]
         for f in found:
             if _age(f, now) > old:
                 self.remove(f, "a temporary older than temp_max_age_h (%g)" % s.temp_max_age_h)
