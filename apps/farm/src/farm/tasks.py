@@ -32,7 +32,7 @@ from farm.config import Settings
 
 app = Celery("farm")
 here = SimpleNamespace(settings=Settings(), node=socket.gethostname(), host=None, user=None,   # set by configure()
-                       frozen_at=None)
+                       frozen_at=None, tick_at=None)
 
 RETRY = {"max_retries": 5, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 3}
 WORKER_KEYS = ("node", "browser", "node_modules", "concurrency")
@@ -136,18 +136,28 @@ def _report_interrupted(ids: dict) -> None:
             time.sleep(1.0)
 
 
-FROZEN_AFTER_S = 5.0     # a 1 s tick that came this late: the process was stopped (docker pause, SIGSTOP)
+# A 1 s tick this late: the process was stopped (docker pause, SIGSTOP). Shorter than the broker's
+# own limit (two missed heartbeats, 12 s at broker_heartbeat 6), longer than a busy machine's delay.
+FROZEN_AFTER_S = 8.0
 FROZEN_MEMORY_S = 300.0  # a freeze this recent explains a lost connection: the node's own fault
 
 
 def _watch_freezes() -> None:
-    last = time.monotonic()
+    here.tick_at = last = time.monotonic()
     while True:
         time.sleep(1.0)
         now = time.monotonic()
         if now - last > FROZEN_AFTER_S:    # CLOCK_MONOTONIC runs on while the process is frozen
             here.frozen_at = now
-        last = now
+        here.tick_at = last = now
+
+
+def was_frozen() -> bool:
+    """Frozen lately: the watcher saw a late tick, or has not ticked for FROZEN_AFTER_S (the process was
+    continued just now, and this thread runs before the watcher's: both orders happen)."""
+    now = time.monotonic()
+    recent = here.frozen_at is not None and now - here.frozen_at < FROZEN_MEMORY_S
+    return recent or (here.tick_at is not None and now - here.tick_at > FROZEN_AFTER_S)
 
 
 def watch_freezes() -> None:
@@ -161,8 +171,7 @@ class RenderTask(app.Task):
         """Celery calls this in the worker's main process when it cancels a running task because its
         broker connection was lost (worker_cancel_long_running_tasks_on_connection_loss): the node tells
         the coordinator, so that the broker's re-delivery is not charged to it (README "Whose fault")."""
-        frozen = here.frozen_at is not None and time.monotonic() - here.frozen_at < FROZEN_MEMORY_S
-        if einfo is None and kwargs and "cancelled by Celery" in str(exc) and not frozen:
+        if einfo is None and kwargs and "cancelled by Celery" in str(exc) and not was_frozen():
             ids = {"job": kwargs.get("job"), "index": kwargs.get("index"), "attempt": task_id}
             threading.Thread(target=_report_interrupted, args=(ids,), daemon=True).start()
 
