@@ -38,7 +38,8 @@ def _size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def _free_gib(path: str) -> float:
+def free_gib(path: str) -> float:
+    """GiB free on the filesystem that holds path (its nearest existing parent, if it is not made yet)."""
     d = Path(path)
     while not d.exists() and d != d.parent:
         d = d.parent
@@ -46,7 +47,7 @@ def _free_gib(path: str) -> float:
 
 
 class Pruner:
-    def __init__(self, s: Settings, *, dry_run: bool = False, now: float | None = None, free_gib=_free_gib):
+    def __init__(self, s: Settings, *, dry_run: bool = False, now: float | None = None, free_gib=free_gib):
         self.s, self.dry_run, self.now, self.free_gib = s, dry_run, now or time.time(), free_gib
         self.removed: list[dict] = []
 

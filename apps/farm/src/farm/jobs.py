@@ -3,13 +3,13 @@ fails before anything is recorded (ValueError, with what to fix)."""
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 
 from farm import remotion
 from farm.config import Settings
 from farm.db import DB
+from farm.gc import free_gib
 from farm.plan import plan_chunks
 from farm.tasks import WORKER_KEYS
 
@@ -74,10 +74,7 @@ def check_spec(s: Settings, spec, *, made_here: bool = False) -> dict:
 
 def check_free_space(s: Settings) -> None:
     for where in (s.parts_dir, s.output_dir):
-        d = Path(where)
-        while not d.exists() and d != d.parent:
-            d = d.parent
-        free = shutil.disk_usage(d).free / 2**30
+        free = free_gib(where)
         if free < s.min_free_gib:
             raise ValueError("only %.1f GiB free under %s (min_free_gib %g): run `farm gc`, or free space"
                              % (free, where, s.min_free_gib))

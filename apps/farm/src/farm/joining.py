@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from farm import join as media_join
+from farm import proc
 from farm import render as media_render
 from farm import verify as media_verify
 from farm.config import Settings
@@ -108,14 +109,8 @@ class Joins:
             self.waiting.remove(jid)
         p = self.running.pop(jid, None)
         if p is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGTERM)
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)
-                p.wait(10)
+            proc.kill_group(p, grace=30)
+            p.wait(10)
 
     def stop(self) -> None:
         for jid in list(self.running) + list(self.waiting):
