@@ -121,9 +121,10 @@ class Coordinator:
         try:
             self.sm.apply(body)
             self.fault("report:applied")
-            job = self.db.job(body.get("job", ""))
-            if job and job["state"] not in LIVE and job["state"] != "joining":
-                self.fault("end:recorded")
+            if body.get("event") in ("failed", "lost"):      # only a failure ends a job from a report
+                job = self.db.job(body.get("job", ""))
+                if job and job["state"] in FINAL:
+                    self.fault("end:recorded")
         except Exception:   # SQLite busy, a full disk: back to the queue, and applied again later
             log.exception("report %r not applied; requeued", body)
             time.sleep(self.s.report_retry_s)

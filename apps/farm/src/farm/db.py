@@ -51,6 +51,7 @@ CREATE TABLE IF NOT EXISTS outbox (
   id INTEGER PRIMARY KEY, job_id TEXT NOT NULL, action TEXT NOT NULL, args TEXT NOT NULL,
   created_at REAL NOT NULL, done_at REAL);
 CREATE INDEX IF NOT EXISTS attempts_chunk ON attempts(job_id, idx);
+CREATE INDEX IF NOT EXISTS attempts_state ON attempts(state);     -- the tick's undecided losses, of every job
 CREATE INDEX IF NOT EXISTS events_job ON events(job_id, at);
 """
 # Columns added since the first slice: a database it made gets them at the next open.
