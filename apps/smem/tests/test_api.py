@@ -16,7 +16,8 @@ def test_documents_list_get_delete(svc):
     listed = svc.call("GET", "/v5/ns/alice/documents").json()
     assert [d["id"] for d in listed["documents"]] == [a, b] and listed["total"] == 2
     assert svc.call("GET", "/v5/ns/alice/documents/" + b).json()["metadata"] == {"src": "t"}
-    assert svc.call("DELETE", "/v5/ns/alice/documents/" + a).json() == {"id": a, "deleted": True}
+    assert svc.call("DELETE", "/v5/ns/alice/documents/" + a).json() == {"id": a, "deleted": True, "factsRetired": 0,
+                                                                        "erased": False}
     assert svc.call("GET", "/v5/ns/alice/documents/" + a).status_code == 404
     assert all("kayaks" not in r["content"] for r in svc.search("alice", "kayaks")["results"])
     assert svc.db.scalar("SELECT count(*) FROM chunks_fts") == 1

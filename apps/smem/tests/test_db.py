@@ -29,9 +29,9 @@ def test_old_version_file_is_migrated_and_keeps_its_data(tmp_path):
     c.close()
 
     d = DB(path, "e", 4)
-    assert d.version == dbm.VERSION == 4
+    assert d.version == dbm.VERSION == 5
     assert d.scalar("SELECT content FROM documents WHERE id='doc_1'") == "old text"
-    assert [r["version"] for r in d.rows("SELECT version FROM schema_version ORDER BY version")] == [1, 2, 3, 4]
+    assert [r["version"] for r in d.rows("SELECT version FROM schema_version ORDER BY version")] == [1, 2, 3, 4, 5]
     assert "extends" in {r["name"] for r in d.rows("PRAGMA table_info(memories)")}  # migration 3
     # Migration 2's index is in force: customId is unique within a namespace.
     with pytest.raises(apsw.ConstraintError):

@@ -108,13 +108,14 @@ def test_an_expired_lease_gives_its_node_back_by_itself(farm):
     assert lease(svc, ["i0"]).status_code == 201      # an expired lease does not block a new one
 
 
-def test_leases_and_lanes_are_admin_only_and_check_their_input(farm):
+def test_leases_need_the_lease_scope_and_lanes_an_admin_and_check_their_input(farm):
     svc, _, _ = farm
-    for method, path in (("POST", "/v5/admin/leases"), ("GET", "/v5/admin/leases"),
-                         ("DELETE", "/v5/admin/leases/lse_0"), ("PATCH", "/v5/admin/leases/lse_0"),
-                         ("GET", "/v5/admin/lanes")):
+    for method, path, needs in (("POST", "/v5/admin/leases", "lease"), ("GET", "/v5/admin/leases", "lease"),
+                                ("DELETE", "/v5/admin/leases/lse_0", "lease"),
+                                ("PATCH", "/v5/admin/leases/lse_0", "lease"), ("GET", "/v5/admin/lanes", "admin")):
         r = svc.call(method, path, "alice", json={"nodes": ["i0"], "holder": "x", "ttlSeconds": 5})
-        assert r.status_code == 403 and r.json() == {"error": "forbidden: this needs an admin token"}
+        assert r.status_code == 403 and r.json() == {"error": "forbidden: this needs an admin token" if needs == "admin"
+                                                     else "forbidden: this needs a token with the lease scope"}
         assert svc.client.request(method, path).status_code == 401
     assert svc.db.scalar("SELECT count(*) FROM leases") == 0
     r = lease(svc, ["i0", "vca-node9"])
@@ -194,14 +195,14 @@ def test_renew_checks_its_body(farm):
     assert svc.call("GET", "/v5/admin/leases", "admin").json()["leases"][0]["expiresAt"] == made["expiresAt"]
 
 
-def test_renew_needs_an_admin_token(farm):
+def test_renew_needs_the_lease_scope(farm):
     svc, _, _ = farm
     made = lease(svc, ["i0"]).json()
     assert svc.client.patch("/v5/admin/leases/" + made["id"], json={"ttlSeconds": 5}).status_code == 401
     assert svc.client.patch("/v5/admin/leases/" + made["id"], json={"ttlSeconds": 5},
                             headers={"Authorization": "Bearer smem_wrong"}).status_code == 401
     r = renew(svc, made["id"], "alice", json={"ttlSeconds": 5})
-    assert r.status_code == 403 and r.json() == {"error": "forbidden: this needs an admin token"}
+    assert r.status_code == 403 and r.json() == {"error": "forbidden: this needs a token with the lease scope"}
     assert svc.call("GET", "/v5/admin/leases", "admin").json()["leases"][0]["expiresAt"] == made["expiresAt"]
 
 

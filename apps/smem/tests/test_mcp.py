@@ -25,7 +25,7 @@ from smem.api import FORBIDDEN
 from smem.service import take_lock
 
 APP_SRC = str(Path(__file__).resolve().parent.parent / "src")
-TOOLS = {"add_memory", "search", "forget", "list_documents", "who_am_i"}
+TOOLS = {"add_memory", "search", "list_memories", "forget", "list_documents", "who_am_i"}
 FERRY = "The ferry to Vaxholm leaves at 9:40 from Strandvägen."
 LOCKER = "Bob's locker code is 4711."
 

@@ -1,110 +1,36 @@
-"""The HTTP API, Supermemory-v5 shaped, on Starlette."""
+"""The HTTP API, Supermemory-v5 shaped, on Starlette: requests in, smem.ops out."""
 
 from __future__ import annotations
 
-import json
 import logging
 
-from jsonschema import Draft202012Validator
+import apsw
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from smem import __version__, auth, memories
-from smem.db import DB, parse_time
+from smem import __version__, auth
+from smem.db import DB
 from smem.embed import EmbedderError
 from smem.errors import Conflict, NotFound
 from smem.lanes import Lanes
 from smem.leases import BadLease, Leases
-from smem.search import MODES, search
+from smem.ops import _SEARCH as SEARCH_FIELDS
+from smem.ops import ADMIN_ONLY, FORBIDDEN, Ops, ServiceError, _schema, check_body, parse_json
 
+__all__ = ["ADMIN_ONLY", "FORBIDDEN", "HTTPError", "create_app"]
 log = logging.getLogger("smem.api")
-
-
-class HTTPError(Exception):
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-def _schema(props: dict, required=()) -> Draft202012Validator:
-    return Draft202012Validator({"type": "object", "additionalProperties": False, "properties": props,
-                                 "required": list(required)})
-
-
-_TIME = {"type": "string", "minLength": 1}
-DOCUMENT = _schema({"content": {"type": "string"}, "metadata": {"type": "object"},
-                    "customId": {"type": "string", "minLength": 1, "maxLength": 255}, "validAt": _TIME}, ["content"])
-_SEARCH = {"q": {"type": "string", "minLength": 1}, "mode": {"enum": list(MODES)},
-           "limit": {"type": "integer", "minimum": 1}, "asOf": _TIME, "rerank": {"enum": ["none", "order"]},
-           "threshold": {"type": "number", "minimum": 0, "maximum": 1},
-           "budgetTokens": {"type": "integer", "minimum": 1}}
-SEARCH = _schema(_SEARCH, ["q"])
-MEMORY = _schema({"content": {"type": "string", "minLength": 1}, "validAt": _TIME,
-                  "supersedes": {"type": "string", "minLength": 1}, "metadata": {"type": "object"}}, ["content"])
-FORGET = _schema({"id": {"type": "string", "minLength": 1}, "content": {"type": "string", "minLength": 1},
-                  "dryRun": {"type": "boolean"}})
-
-LEASE = _schema({"nodes": {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
-                 "holder": {"type": "string", "minLength": 1, "maxLength": 200},
-                 "ttlSeconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 30 * 86400}},
-                ["nodes", "holder", "ttlSeconds"])
-RENEW = _schema({"ttlSeconds": LEASE.schema["properties"]["ttlSeconds"]}, ["ttlSeconds"])
+HTTPError = ServiceError
 
 # Supermemory's /v3 and /v4 shapes: the namespace is the one container tag; rerank may be a boolean there.
 _TAGS = {"type": "array", "items": {"type": "string"}}
-_COMPAT_SEARCH = {**_SEARCH, "rerank": {"enum": ["none", "order", True, False]}}
+_COMPAT_SEARCH = {**SEARCH_FIELDS, "rerank": {"enum": ["none", "order", True, False]}}
 V3_DOCUMENT = _schema({"content": {"type": "string"}, "containerTags": _TAGS, "metadata": {"type": "object"},
                        "customId": {"type": "string", "minLength": 1, "maxLength": 255}}, ["content", "containerTags"])
 V3_SEARCH = _schema({**_COMPAT_SEARCH, "containerTags": _TAGS}, ["q", "containerTags"])
 V4_SEARCH = _schema({**_COMPAT_SEARCH, "containerTag": {"type": "string"}}, ["q", "containerTag"])
-
-FORBIDDEN = "forbidden: this token has no access to that namespace"
-ADMIN_ONLY = "forbidden: this needs an admin token"
-
-
-def check_ns(p: auth.Principal, ns: str) -> str:
-    # One answer for a namespace the token lacks, whether or not it exists.
-    if not p.allows(ns):
-        raise HTTPError(403, FORBIDDEN)
-    if not auth.NS_RE.match(ns):
-        raise HTTPError(400, "bad namespace name")
-    return ns
-
-
-def check_body(body, validator: Draft202012Validator):
-    errors = sorted(validator.iter_errors(body), key=lambda e: list(e.path))
-    if errors:
-        e = errors[0]
-        where = "/".join(str(p) for p in e.path)
-        raise HTTPError(400, "%s%s" % (where + ": " if where else "", e.message))
-    return body
-
-
-def document_view(db: DB, d: dict) -> dict:
-    job = db.one("SELECT stage, state, attempts, stages FROM jobs WHERE document_id=?", (d["id"],))
-    out = {"id": d["id"], "status": d["status"], "error": d["error"], "customId": d["custom_id"],
-           "metadata": json.loads(d["metadata"]), "validAt": d["valid_at"], "createdAt": d["created_at"],
-           "updatedAt": d["updated_at"],
-           "chunks": db.scalar("SELECT count(*) FROM chunks WHERE document_id=?", (d["id"],))}
-    if job:
-        out["job"] = {"stage": job["stage"], "state": job["state"], "attempts": job["attempts"],
-                      "stages": json.loads(job["stages"])}
-    return out
-
-
-def documents_page(db: DB, ns: str, status: str | None, limit: int, offset: int) -> dict:
-    where, params = "ns=?", [ns]
-    if status:
-        where += " AND status=?"
-        params.append(status)
-    rows = db.rows("SELECT * FROM documents WHERE %s ORDER BY created_at, id LIMIT ? OFFSET ?" % where,
-                   (*params, min(limit, 1000), offset))
-    return {"documents": [document_view(db, d) for d in rows],
-            "total": db.scalar("SELECT count(*) FROM documents WHERE %s" % where, params)}
 
 
 def _compat_search(b: dict, mode: str) -> dict:
@@ -113,22 +39,19 @@ def _compat_search(b: dict, mode: str) -> dict:
     return {"mode": mode, **b}
 
 
-def _time(value, field: str) -> str | None:
-    if value is None:
-        return None
-    try:
-        return parse_time(value)
-    except ValueError:
-        raise HTTPError(400, "%s: not an ISO-8601 date or time: %r" % (field, value)) from None
+def _tag(tags: list[str]) -> str:
+    if len(tags) != 1:
+        raise HTTPError(400, "containerTags: exactly one container tag (the namespace), got %d" % len(tags))
+    return tags[0]
+
+
+class TooLarge(HTTPError):
+    """A 413 sent once the body has been read (up to a bound), so that the client reads it."""
 
 
 class API:
-    def __init__(self, db: DB, embedder, settings, pipeline, *, lanes: Lanes | None = None,
-                 leases: Leases | None = None, reranker=None):
-        self.db, self.embedder, self.settings, self.pipeline = db, embedder, settings, pipeline
-        self.lanes = lanes or Lanes(settings)
-        self.leases = leases or Leases(db, self.lanes)
-        self.reranker = reranker
+    def __init__(self, ops: Ops):
+        self.ops, self.settings, self.db = ops, ops.settings, ops.db
 
     # -- plumbing ------------------------------------------------------------------------
     async def _principal(self, request: Request) -> auth.Principal:
@@ -137,233 +60,134 @@ class API:
             raise HTTPError(401, "missing or unknown bearer token")
         return p
 
-    async def _ns(self, request: Request) -> str:
-        return check_ns(await self._principal(request), request.path_params["ns"])
+    async def _drain(self, request: Request, seen: int) -> None:
+        """Reads and drops what is left of the body, up to max_drain_bytes: a client that sends its whole
+        body before it reads (urllib, requests) then reads the 413 instead of a reset connection."""
+        async for part in request.stream():
+            seen += len(part)
+            if seen > self.settings.max_drain_bytes:
+                return
 
-    async def _admin(self, request: Request) -> None:
-        if not (await self._principal(request)).admin:
-            raise HTTPError(403, ADMIN_ONLY)
-
-    async def _body(self, request: Request, validator: Draft202012Validator) -> dict:
+    async def _body(self, request: Request):
         # JSON can escape one byte of content as six (\u00e9): the body may be that much larger.
         cap = 6 * self.settings.max_document_bytes + 65536
+        too_large = TooLarge(413, "request body over %d bytes" % cap)
         if int(request.headers.get("content-length") or 0) > cap:
-            raise HTTPError(413, "request body over %d bytes" % cap)
+            await self._drain(request, 0)
+            raise too_large
         raw = bytearray()
         async for part in request.stream():
             raw += part
             if len(raw) > cap:
-                raise HTTPError(413, "request body over %d bytes" % cap)
-        try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise HTTPError(400, "malformed JSON: %s" % e) from None
-        return check_body(body, validator)
+                await self._drain(request, len(raw))
+                raise too_large
+        return parse_json(bytes(raw))
 
     def wrap(self, handler):
         async def endpoint(request: Request):
             try:
                 return await handler(request)
             except HTTPError as e:
-                return JSONResponse({"error": e.message}, status_code=e.status)
+                # After a drained 413 the connection is closed: what is left of a larger body is not read.
+                headers = {"Connection": "close"} if isinstance(e, TooLarge) else None
+                return JSONResponse({"error": e.message}, status_code=e.status, headers=headers)
             except (NotFound, Conflict, BadLease) as e:
                 return JSONResponse({"error": str(e)}, status_code=e.status)
             except EmbedderError as e:
                 return JSONResponse({"error": "embedder unavailable: %s" % e}, status_code=503)
+            except apsw.FullError as e:
+                log.error("%s %s: the disk is full: %s", request.method, request.url.path, e)
+                return JSONResponse({"error": "storage full: nothing was written (%s)" % e}, status_code=507)
+            except apsw.Error as e:
+                log.error("%s %s: database error: %s", request.method, request.url.path, e)
+                return JSONResponse({"error": "database error: nothing was written (%s: %s)"
+                                     % (type(e).__name__, e)}, status_code=503)
         return endpoint
+
+    def op(self, fn, *args, code: int = 200, body: bool = False, **kw):
+        """A route: the token, then (body) the JSON body, then fn(principal, *path params or args, body)."""
+        async def handler(request: Request):
+            p = await self._principal(request)
+            params = [request.path_params[a] for a in args]
+            if body:
+                params.append(await self._body(request))
+            extra = {k: get(request) for k, get in kw.items()}
+            return JSONResponse(await run_in_threadpool(lambda: fn(p, *params, **extra)), status_code=code)
+        return handler
 
     # -- routes ----------------------------------------------------------------------------
     async def healthz(self, request):
-        return JSONResponse({"ok": True, "version": __version__, "schema": self.db.version,
-                             "embedder": self.embedder.name})
-
-    async def namespaces(self, request):
-        p = await self._principal(request)
-
-        def run():
-            seen = {r["ns"] for r in self.db.rows("SELECT ns FROM documents UNION SELECT ns FROM memories")}
-            names = sorted(seen | p.namespaces) if p.admin else sorted(p.namespaces)
-            return [{"name": n, "documents": self.db.scalar("SELECT count(*) FROM documents WHERE ns=?", (n,)),
-                     "memories": self.db.scalar("SELECT count(*) FROM memories WHERE ns=? AND forgotten_at IS NULL"
-                                                " AND valid_to IS NULL AND indexed=1", (n,))} for n in names]
-        return JSONResponse({"namespaces": await run_in_threadpool(run)})
-
-    async def add_document(self, request):
-        ns = await self._ns(request)
-        return await self._add_document(ns, await self._body(request, DOCUMENT))
-
-    async def _add_document(self, ns: str, body: dict):
-        content = body["content"]
-        if not content.strip():
-            raise HTTPError(400, "content is empty")
-        if len(content.encode()) > self.settings.max_document_bytes:
-            raise HTTPError(413, "content over max_document_bytes (%d)" % self.settings.max_document_bytes)
-        valid_at = _time(body.get("validAt"), "validAt")
-        doc_id, status = await run_in_threadpool(self.pipeline.enqueue, ns, content, body.get("metadata") or {},
-                                                 body.get("customId"), valid_at)
-        return JSONResponse({"id": doc_id, "status": status}, status_code=202)
-
-    def _doc(self, d: dict) -> dict:
-        return document_view(self.db, d)
-
-    async def get_document(self, request):
-        ns = await self._ns(request)
-
-        def run():
-            d = self.db.one("SELECT * FROM documents WHERE id=? AND ns=?", (request.path_params["id"], ns))
-            return self._doc(d) if d else None
-        d = await run_in_threadpool(run)
-        if d is None:
-            raise HTTPError(404, "no document %s in this namespace" % request.path_params["id"])
-        return JSONResponse(d)
-
-    async def list_documents(self, request):
-        ns = await self._ns(request)
-        try:
-            limit = int(request.query_params.get("limit", 100))
-            offset = int(request.query_params.get("offset", 0))
-        except ValueError:
-            raise HTTPError(400, "limit and offset are integers") from None
-        status = request.query_params.get("status")
-        return JSONResponse(await run_in_threadpool(documents_page, self.db, ns, status, limit, offset))
-
-    async def delete_document(self, request):
-        ns = await self._ns(request)
-        doc_id = request.path_params["id"]
-
-        def run():
-            with self.db.tx() as c:
-                if not self.db.one("SELECT 1 FROM documents WHERE id=? AND ns=?", (doc_id, ns)):
-                    return False
-                self.pipeline._drop_index(c, doc_id)
-                c.execute("DELETE FROM documents WHERE id=?", (doc_id,))  # chunks and jobs cascade
-            return True
-        if not await run_in_threadpool(run):
-            raise HTTPError(404, "no document %s in this namespace" % doc_id)
-        return JSONResponse({"id": doc_id, "deleted": True})
-
-    async def search(self, request):
-        ns = await self._ns(request)
-        return await self._search(ns, await self._body(request, SEARCH))
-
-    async def _search(self, ns: str, b: dict):
-        limit = b.get("limit")
-        if limit is not None and limit > self.settings.max_limit:
-            raise HTTPError(400, "limit: at most %d" % self.settings.max_limit)
-        as_of = _time(b.get("asOf"), "asOf")
-        out = await run_in_threadpool(lambda: search(
-            self.db, self.embedder, self.settings, ns, b["q"], mode=b.get("mode", "hybrid"), limit=limit,
-            as_of=as_of, rerank=b.get("rerank", "none"), threshold=b.get("threshold"),
-            budget_tokens=b.get("budgetTokens"), reranker=self.reranker))
-        return JSONResponse(out)
+        h = await run_in_threadpool(self.ops.health)
+        out = {"ok": h["ok"], "version": __version__, "schema": self.db.version,
+               "embedder": self.ops.embedder.name, **{k: h[k] for k in ("workers", "queue", "problems")}}
+        return JSONResponse(out, status_code=200 if h["ok"] else 503)
 
     async def add_memory(self, request):
-        ns = await self._ns(request)
-        b = await self._body(request, MEMORY)
-        if len(b["content"].encode()) > self.settings.max_document_bytes:
-            raise HTTPError(413, "content over max_document_bytes (%d)" % self.settings.max_document_bytes)
-        valid_at = _time(b.get("validAt"), "validAt")
-        m = await run_in_threadpool(lambda: memories.add(
-            self.db, self.embedder, self.settings.near_duplicate, ns, b["content"], valid_at=valid_at,
-            supersedes=b.get("supersedes"), metadata=b.get("metadata")))
+        p = await self._principal(request)
+        b = await self._body(request)
+        m = await run_in_threadpool(self.ops.add_memory, p, request.path_params["ns"], b)
         return JSONResponse(m, status_code=200 if m.get("duplicate") else 201)
 
-    async def list_memories(self, request):
-        ns = await self._ns(request)
-        as_of = _time(request.query_params.get("asOf"), "asOf")
-        rows = await run_in_threadpool(memories.list_at, self.db, ns, as_of, 1000)
-        if request.query_params.get("history") == "1":
-            for m in rows:
-                m["history"] = await run_in_threadpool(memories.history, self.db, ns, m["id"])
-        return JSONResponse({"memories": rows, "asOf": as_of})
-
-    async def forget(self, request):
-        ns = await self._ns(request)
-        b = await self._body(request, FORGET)
-        if ("id" in b) == ("content" in b):
-            raise HTTPError(400, "give exactly one of id and content")
-        out = await run_in_threadpool(memories.forget, self.db, ns, b.get("id"), b.get("content"),
-                                      b.get("dryRun", False))
-        return JSONResponse(out)
-
-    async def profile(self, request):
-        ns = await self._ns(request)
-        return JSONResponse(await run_in_threadpool(memories.profile, self.db, ns))
-
-    # -- /v3, /v4: Supermemory's shapes onto the v5 handlers ---------------------------------
     async def v3_add_document(self, request):
         p = await self._principal(request)
-        b = await self._body(request, V3_DOCUMENT)
-        return await self._add_document(self._tag(p, b.pop("containerTags")), b)
+        b = check_body(await self._body(request), V3_DOCUMENT)
+        ns = _tag(b.pop("containerTags"))
+        return JSONResponse(await run_in_threadpool(self.ops.add_document, p, ns, b), status_code=202)
 
     async def v3_search(self, request):
         p = await self._principal(request)
-        b = await self._body(request, V3_SEARCH)
-        return await self._search(self._tag(p, b.pop("containerTags")), _compat_search(b, "chunks"))
+        b = check_body(await self._body(request), V3_SEARCH)
+        ns = _tag(b.pop("containerTags"))
+        return JSONResponse(await run_in_threadpool(self.ops.search, p, ns, _compat_search(b, "chunks")))
 
     async def v4_search(self, request):
         p = await self._principal(request)
-        b = await self._body(request, V4_SEARCH)
-        return await self._search(self._tag(p, [b.pop("containerTag")]), _compat_search(b, "memories"))
-
-    @staticmethod
-    def _tag(p: auth.Principal, tags: list[str]) -> str:
-        if len(tags) != 1:
-            raise HTTPError(400, "containerTags: exactly one container tag (the namespace), got %d" % len(tags))
-        return check_ns(p, tags[0])
-
-    # -- admin: leases and lanes -------------------------------------------------------------
-    async def create_lease(self, request):
-        await self._admin(request)
-        b = await self._body(request, LEASE)
-        lease = await run_in_threadpool(self.leases.create, b["nodes"], b["holder"], b["ttlSeconds"])
-        return JSONResponse(lease, status_code=201)
-
-    async def list_leases(self, request):
-        await self._admin(request)
-        return JSONResponse({"leases": await run_in_threadpool(self.leases.live)})
-
-    async def renew_lease(self, request):
-        await self._admin(request)
-        b = await self._body(request, RENEW)
-        return JSONResponse(await run_in_threadpool(self.leases.renew, request.path_params["id"], b["ttlSeconds"]))
-
-    async def delete_lease(self, request):
-        await self._admin(request)
-        return JSONResponse(await run_in_threadpool(self.leases.release, request.path_params["id"]))
-
-    async def admin_lanes(self, request):
-        await self._admin(request)
-        return JSONResponse({"lanes": self.lanes.report()})
+        b = check_body(await self._body(request), V4_SEARCH)
+        ns = _tag([b.pop("containerTag")])
+        return JSONResponse(await run_in_threadpool(self.ops.search, p, ns, _compat_search(b, "memories")))
 
     def routes(self) -> list[Route]:
-        w = self.wrap
+        o, w = self.ops, self.wrap
+        q = lambda name: lambda r: r.query_params.get(name)  # noqa: E731
+        flag = lambda name: lambda r: r.query_params.get(name) in ("1", "true")  # noqa: E731
+
+        def route(path, handler, method):
+            return Route(path, w(handler), methods=[method])
         return [
-            Route("/healthz", w(self.healthz), methods=["GET"]),
-            Route("/v5/namespaces", w(self.namespaces), methods=["GET"]),
-            Route("/v5/ns/{ns}/documents", w(self.add_document), methods=["POST"]),
-            Route("/v5/ns/{ns}/documents", w(self.list_documents), methods=["GET"]),
-            Route("/v5/ns/{ns}/documents/{id}", w(self.get_document), methods=["GET"]),
-            Route("/v5/ns/{ns}/documents/{id}", w(self.delete_document), methods=["DELETE"]),
-            Route("/v5/ns/{ns}/search", w(self.search), methods=["POST"]),
-            Route("/v5/ns/{ns}/memories", w(self.add_memory), methods=["POST"]),
-            Route("/v5/ns/{ns}/memories", w(self.list_memories), methods=["GET"]),
-            Route("/v5/ns/{ns}/forget", w(self.forget), methods=["POST"]),
-            Route("/v5/ns/{ns}/profile", w(self.profile), methods=["GET"]),
-            Route("/v5/admin/leases", w(self.create_lease), methods=["POST"]),
-            Route("/v5/admin/leases", w(self.list_leases), methods=["GET"]),
-            Route("/v5/admin/leases/{id}", w(self.delete_lease), methods=["DELETE"]),
-            Route("/v5/admin/leases/{id}", w(self.renew_lease), methods=["PATCH"]),
-            Route("/v5/admin/lanes", w(self.admin_lanes), methods=["GET"]),
-            Route("/v3/documents", w(self.v3_add_document), methods=["POST"]),
-            Route("/v3/search", w(self.v3_search), methods=["POST"]),
-            Route("/v4/search", w(self.v4_search), methods=["POST"]),
+            route("/healthz", self.healthz, "GET"),
+            route("/v5/namespaces", self.op(lambda p: {"namespaces": o.namespaces(p)}), "GET"),
+            route("/v5/ns/{ns}/documents", self.op(o.add_document, "ns", body=True, code=202), "POST"),
+            route("/v5/ns/{ns}/documents", self.op(o.list_documents, "ns", status=q("status"), limit=q("limit"),
+                                                   offset=q("offset")), "GET"),
+            route("/v5/ns/{ns}/documents/{id}", self.op(o.get_document, "ns", "id"), "GET"),
+            route("/v5/ns/{ns}/documents/{id}", self.op(o.delete_document, "ns", "id", erase=flag("erase")),
+                  "DELETE"),
+            route("/v5/ns/{ns}/search", self.op(o.search, "ns", body=True), "POST"),
+            route("/v5/ns/{ns}/memories", self.add_memory, "POST"),
+            route("/v5/ns/{ns}/memories", self.op(o.list_memories, "ns", as_of=q("asOf"), limit=q("limit"),
+                                                  cursor=q("cursor"), history=flag("history")), "GET"),
+            route("/v5/ns/{ns}/forget", self.op(o.forget, "ns", body=True), "POST"),
+            route("/v5/ns/{ns}/profile", self.op(o.profile, "ns"), "GET"),
+            route("/v5/admin/tokens", self.op(o.list_tokens), "GET"),
+            route("/v5/admin/tokens", self.op(o.create_token, body=True, code=201), "POST"),
+            route("/v5/admin/tokens/{id}", self.op(o.revoke_token, "id"), "DELETE"),
+            route("/v5/admin/tokens/{id}/rotate", self.op(o.rotate_token, "id"), "POST"),
+            route("/v5/admin/leases", self.op(o.create_lease, body=True, code=201), "POST"),
+            route("/v5/admin/leases", self.op(o.list_leases), "GET"),
+            route("/v5/admin/leases/{id}", self.op(o.release_lease, "id"), "DELETE"),
+            route("/v5/admin/leases/{id}", self.op(o.renew_lease, "id", body=True), "PATCH"),
+            route("/v5/admin/lanes", self.op(o.lanes_report), "GET"),
+            route("/v3/documents", self.v3_add_document, "POST"),
+            route("/v3/search", self.v3_search, "POST"),
+            route("/v4/search", self.v4_search, "POST"),
         ]
 
 
 def create_app(db: DB, embedder, settings, pipeline, lifespan=None, *, lanes: Lanes | None = None,
-               leases: Leases | None = None, reranker=None, extra_routes=()) -> Starlette:
-    api = API(db, embedder, settings, pipeline, lanes=lanes, leases=leases, reranker=reranker)
-    app = Starlette(routes=[*api.routes(), *extra_routes], lifespan=lifespan)
-    app.state.lanes, app.state.leases = api.lanes, api.leases
+               leases: Leases | None = None, reranker=None, extra_routes=(), ops: Ops | None = None) -> Starlette:
+    lanes = lanes or Lanes(settings)
+    leases = leases or Leases(db, lanes)
+    ops = ops or Ops(db, settings, pipeline, embedder, reranker=reranker, leases=leases, lanes=lanes)
+    app = Starlette(routes=[*API(ops).routes(), *extra_routes], lifespan=lifespan)
+    app.state.lanes, app.state.leases, app.state.ops = lanes, leases, ops
     return app

@@ -1,17 +1,20 @@
-"""smem serve | smem token create | smem mcp."""
+"""smem serve | token create/list/revoke/rotate | backup | restore | export | import | mcp."""
 
 from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 import logging
 import os
 import socket
 import sys
 
+import apsw
 import uvicorn
 
-from smem import __version__, auth, config, mcp_server
+from smem import __version__, archive, auth, config, mcp_server
+from smem.errors import Conflict, NotFound
 from smem.service import Busy, build, open_db, take_lock
 
 log = logging.getLogger("smem.cli")
@@ -100,13 +103,101 @@ def serve(args) -> int:
     return 0 if server.started else 1
 
 
+def _tool_db(args):
+    """The database for a tool that reads no vectors (tokens): no embedder is loaded or checked."""
+    return open_db(args.db, config.load(args.config), check_embedder=False)
+
+
+def _print(obj) -> None:
+    print(json.dumps(obj, indent=2))
+
+
 def token_create(args) -> int:
-    db = open_db(args.db, config.load(args.config))
     try:
-        print(auth.create(db, args.ns or [], admin=args.admin, label=args.label))
+        print(auth.create(_tool_db(args), args.ns or [], admin=args.admin, label=args.label, scopes=args.scope))
     except ValueError as e:
         print("smem: %s" % e, file=sys.stderr)
         return 2
+    return 0
+
+
+def token_list(args) -> int:
+    for t in auth.list_tokens(_tool_db(args)):
+        print("%s  %-9s %-18s %-24s %s%s" % (
+            t["id"], "admin" if t["admin"] else ",".join(t["scopes"]), t["label"] or "-",
+            ",".join(t["namespaces"]) or "-", t["createdAt"], "  revoked " + t["revokedAt"] if t["revokedAt"] else ""))
+    return 0
+
+
+def token_revoke(args) -> int:
+    try:
+        t = auth.revoke(_tool_db(args), args.id)
+    except NotFound as e:
+        print("smem: %s" % e, file=sys.stderr)
+        return 2
+    print("revoked %s at %s" % (t["id"], t["revokedAt"]), file=sys.stderr)
+    return 0
+
+
+def token_rotate(args) -> int:
+    try:
+        print(auth.rotate(_tool_db(args), args.id)["token"])
+    except (NotFound, Conflict) as e:
+        print("smem: %s" % e, file=sys.stderr)
+        return 2
+    return 0
+
+
+def backup(args) -> int:
+    try:
+        _print(archive.backup(args.db, to=args.to, directory=args.dir, keep=args.keep))
+    except (archive.ArchiveError, OSError, apsw.Error) as e:
+        print("smem: backup: %s" % e, file=sys.stderr)
+        return 1
+    return 0
+
+
+def restore(args) -> int:
+    try:
+        lock = take_lock(args.db)
+    except Busy as e:
+        print("smem: restore: %s; stop it first (systemctl stop smem)" % e, file=sys.stderr)
+        return 1
+    try:
+        _print(archive.restore(args.backup, args.db, force=args.force))
+    except (archive.ArchiveError, OSError, apsw.Error) as e:
+        print("smem: restore: %s" % e, file=sys.stderr)
+        return 1
+    finally:
+        os.close(lock)
+    return 0
+
+
+def export(args) -> int:
+    db = open_db(args.db, config.load(args.config), check_embedder=False)
+    if args.out == "-":
+        counts = archive.export(db, args.ns, sys.stdout)
+    else:
+        tmp = args.out + ".part"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            counts = archive.export(db, args.ns, f)
+        os.replace(tmp, args.out)
+    print("exported %(documents)d document(s) and %(facts)d fact(s)" % counts, file=sys.stderr)
+    return 0
+
+
+def import_(args) -> int:
+    try:
+        settings = config.load(args.config)
+        _, pipeline = build(args.db, settings, start_workers=False)
+        with (sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")) as f:
+            out = archive.import_(pipeline.db, pipeline.embedder, settings, f, ns=args.ns)
+    except (archive.ArchiveError, OSError, ValueError) as e:
+        print("smem: import: %s (nothing was written)" % e, file=sys.stderr)
+        return 2
+    print("imported %(documents)d document(s) and %(facts)d fact(s) into %(ns)s;"
+          " %(requeued)d document(s) queued to be ingested again" % out, file=sys.stderr)
     return 0
 
 
@@ -118,12 +209,62 @@ def mcp(args) -> int:
     try:
         settings = config.load(args.config)
         # No take_lock and no workers: `smem serve` may own this file's queue beside us.
-        app, pipeline = build(args.db, settings, start_workers=False)
+        app, _ = build(args.db, settings, start_workers=False)
     except (OSError, ValueError) as e:
         print("smem: %s" % e, file=sys.stderr)
         return 2
-    return mcp_server.run_stdio(pipeline, settings, token, embedder=app.state.search_embedder,
-                                reranker=app.state.reranker)
+    return mcp_server.run_stdio(app.state.ops, token)
+
+
+def _token_parsers(sub) -> None:
+    t = sub.add_parser("token", help="manage API tokens (no embedder needed)").add_subparsers(dest="tcmd",
+                                                                                            required=True)
+    tc = t.add_parser("create", help="print a new token scoped to namespaces (or --admin, or --scope lease)")
+    tc.add_argument("--ns", action="append", help="a namespace the token may use; repeat for more")
+    tc.add_argument("--scope", action="append", choices=auth.SCOPES,
+                    help="read, write (default: both) or lease (the lease routes only); repeat for more")
+    tc.add_argument("--admin", action="store_true", help="a token for every namespace, scope and admin route")
+    tc.add_argument("--label")
+    tc.set_defaults(func=token_create)
+    t.add_parser("list", help="every token: id, scopes, label, namespaces (never a secret)").set_defaults(
+        func=token_list)
+    tr = t.add_parser("revoke", help="refuse a token from now on")
+    tr.add_argument("id")
+    tr.set_defaults(func=token_revoke)
+    tt = t.add_parser("rotate", help="print a new secret for a token; the old one is refused at once")
+    tt.add_argument("id")
+    tt.set_defaults(func=token_rotate)
+    for p in (tc, *t.choices.values()):
+        if not any(a.dest == "db" for a in p._actions):
+            p.add_argument("--db", required=True)
+            p.add_argument("--config", help="only for a new database: its embedder")
+
+
+def _archive_parsers(sub) -> None:
+    b = sub.add_parser("backup", help="a consistent copy of the database, safe while smem serve runs")
+    b.add_argument("--db", required=True)
+    where = b.add_mutually_exclusive_group(required=True)
+    where.add_argument("--to", help="the copy's file")
+    where.add_argument("--dir", help="or a directory: smem-<UTC time>.db there")
+    b.add_argument("--keep", type=int, help="with --dir: keep only the newest N copies")
+    b.set_defaults(func=backup)
+    r = sub.add_parser("restore", help="a backup as the database (smem serve stopped)")
+    r.add_argument("backup")
+    r.add_argument("--db", required=True)
+    r.add_argument("--force", action="store_true", help="replace an existing database")
+    r.set_defaults(func=restore)
+    e = sub.add_parser("export", help="one namespace as JSON Lines: documents, chunks, facts with history")
+    e.add_argument("--db", required=True)
+    e.add_argument("--ns", required=True)
+    e.add_argument("--out", default="-", help="a file (default: stdout)")
+    e.add_argument("--config")
+    e.set_defaults(func=export)
+    i = sub.add_parser("import", help="an export into a database (its embedder makes the vectors again)")
+    i.add_argument("file", help="the export (- for stdin)")
+    i.add_argument("--db", required=True)
+    i.add_argument("--ns", help="import as this namespace (default: the export's)")
+    i.add_argument("--config")
+    i.set_defaults(func=import_)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,14 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--config")
     s.add_argument("--log-level", default="info")
     s.set_defaults(func=serve)
-    t = sub.add_parser("token", help="manage API tokens").add_subparsers(dest="tcmd", required=True)
-    tc = t.add_parser("create", help="print a new token scoped to namespaces (or --admin)")
-    tc.add_argument("--db", required=True)
-    tc.add_argument("--ns", action="append", help="a namespace the token may use; repeat for more")
-    tc.add_argument("--admin", action="store_true", help="a token for every namespace")
-    tc.add_argument("--label")
-    tc.add_argument("--config")
-    tc.set_defaults(func=token_create)
+    _token_parsers(sub)
+    _archive_parsers(sub)
     m = sub.add_parser("mcp", help="serve the MCP tools over stdio (documents added wait for smem serve's workers)")
     m.add_argument("--db", required=True)
     m.add_argument("--token", help="an API token (default: env SMEM_TOKEN)")

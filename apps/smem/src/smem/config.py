@@ -15,6 +15,7 @@ LANES = {"interactive": {"concurrency": 2, "timeout_s": 10.0},   # search: query
 @dataclass
 class Settings:
     max_document_bytes: int = 1_000_000   # a larger POST body is refused with 413
+    max_drain_bytes: int = 128 * 2**20    # of a body over the cap, this much is read (and dropped) before the 413
     chunk_tokens: int = 200               # text.estimate_tokens units
     rrf_k: int = 10                       # Reciprocal Rank Fusion: score = sum weight / (rrf_k + rank)
     bm25_weight: float = 2.0              # the BM25 lists' weight in the fusion (vector lists: 1)
@@ -26,6 +27,9 @@ class Settings:
     max_limit: int = 100
     near_duplicate: float = 0.97          # cosine at or above which a new fact is a duplicate
     workers: int = 1
+    synchronous: str = "FULL"             # SQLite's: FULL, a 202 is on disk; NORMAL, faster, a power cut may lose it
+    db_retry_max_s: float = 30.0          # a worker's database error is retried with backoff up to this
+    stuck_after_s: float = 600.0          # /healthz fails when a due job waited this long and no job moved
     embed_batch: int = 16
     job_max_attempts: int = 3
     retry_backoff_s: float = 2.0          # a failed stage waits retry_backoff_s * 2**attempts (at most 60 s)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import threading
 from contextlib import contextmanager
@@ -106,19 +107,39 @@ def _m4(c: apsw.Connection, dim: int) -> None:
     c.execute("CREATE TABLE worker_drains(node TEXT PRIMARY KEY, drained_at TEXT NOT NULL)")
 
 
-MIGRATIONS = [_m1, _m2, _m3, _m4]
+def _m5(c: apsw.Connection, dim: int) -> None:
+    # Token scopes (read, write, lease); an erased fact keeps its row as a tombstone (no content).
+    c.execute("ALTER TABLE tokens ADD COLUMN scopes TEXT NOT NULL DEFAULT '[\"read\",\"write\"]'")
+    c.execute("ALTER TABLE memories ADD COLUMN erased_at TEXT")
+    c.execute("CREATE INDEX memories_document ON memories(document_id)")
+    c.execute("CREATE INDEX jobs_updated ON jobs(updated_at)")   # /healthz: when a job last moved
+    # A deleted FTS5 row leaves its terms in the index until a merge; secure-delete removes them at once.
+    for table in ("chunks_fts", "memories_fts"):
+        c.execute("INSERT INTO %s(%s, rank) VALUES ('secure-delete', 1)" % (table, table))
+
+
+MIGRATIONS = [_m1, _m2, _m3, _m4, _m5]
 VERSION = len(MIGRATIONS)
 
 
-def connect(path: str) -> apsw.Connection:
+SYNCHRONOUS = ("FULL", "NORMAL")
+
+
+def connect(path: str, synchronous: str = "FULL") -> apsw.Connection:
+    if path != ":memory:" and not os.path.exists(path):
+        # SQLite creates the file with the umask's mode, and its -wal and -shm with the file's: 0600.
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
     c = apsw.Connection(path)
     c.enable_load_extension(True)
     c.load_extension(sqlite_vec.loadable_path())
     c.enable_load_extension(False)
     c.set_busy_timeout(30_000)
     c.execute("PRAGMA journal_mode=WAL")
-    c.execute("PRAGMA synchronous=NORMAL")
+    # FULL: a transaction is on disk when COMMIT returns, so an answered 202 survives a power cut.
+    c.execute("PRAGMA synchronous=%s" % synchronous)
     c.execute("PRAGMA foreign_keys=ON")
+    # Deleted content is overwritten, not left in free pages: an erase leaves no copy in the file.
+    c.execute("PRAGMA secure_delete=ON")
     return c
 
 
@@ -129,8 +150,10 @@ def schema_version(c: apsw.Connection) -> int:
     return row[0] or 0
 
 
-def migrate(c: apsw.Connection, embedder_name: str, dim: int, upto: int = VERSION) -> int:
-    """Brings the file to version `upto`, one transaction per migration; returns the version."""
+def migrate(c: apsw.Connection, embedder_name: str | None, dim: int | None, upto: int = VERSION) -> int:
+    """Brings the file to version `upto`, one transaction per migration; returns the version.
+    embedder_name None: the file's vectors are not checked (a tool that reads no vectors); a new file
+    cannot be made that way."""
     c.execute("BEGIN IMMEDIATE")
     try:
         c.execute("CREATE TABLE IF NOT EXISTS schema_version(version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)")
@@ -147,6 +170,8 @@ def migrate(c: apsw.Connection, embedder_name: str, dim: int, upto: int = VERSIO
             if schema_version(c) >= version:  # another process got there first
                 c.execute("ROLLBACK")
                 continue
+            if version == 1 and embedder_name is None:
+                raise SchemaError("a new database needs its embedder: give --config (or the default settings)")
             MIGRATIONS[version - 1](c, dim)
             if version == 1:
                 c.execute("INSERT INTO meta VALUES ('embedder', ?), ('dim', ?)", (embedder_name, str(dim)))
@@ -156,6 +181,8 @@ def migrate(c: apsw.Connection, embedder_name: str, dim: int, upto: int = VERSIO
             c.execute("ROLLBACK")
             raise
     meta = dict(c.execute("SELECT key, value FROM meta").fetchall())
+    if embedder_name is None:
+        return schema_version(c)
     if meta.get("embedder") != embedder_name or int(meta.get("dim", 0)) != dim:
         raise SchemaError("the database's vectors come from %s (dim %s), but the embedder configured is %s (dim %d)"
                           % (meta.get("embedder"), meta.get("dim"), embedder_name, dim))
@@ -165,16 +192,25 @@ def migrate(c: apsw.Connection, embedder_name: str, dim: int, upto: int = VERSIO
 class DB:
     """One connection per thread onto one file; `tx()` is a write transaction taken up front."""
 
-    def __init__(self, path: str, embedder_name: str, dim: int):
-        self.path = path
+    def __init__(self, path: str, embedder_name: str | None, dim: int | None, synchronous: str = "FULL"):
+        if synchronous not in SYNCHRONOUS:
+            raise ValueError("synchronous: one of %s, got %r" % (", ".join(SYNCHRONOUS), synchronous))
+        self.path, self.synchronous = path, synchronous
         self._local = threading.local()
+        self._all: list[apsw.Connection] = []
+        self._all_lock = threading.Lock()
         self.version = migrate(self.conn, embedder_name, dim)
+        # A connection that changed an FTS5 table's configuration (migration 5) keeps a stale view of
+        # it, and its integrity_check then reports a false checksum mismatch: use fresh ones from here.
+        self.close()
 
     @property
     def conn(self) -> apsw.Connection:
         c = getattr(self._local, "conn", None)
         if c is None:
-            c = self._local.conn = connect(self.path)
+            c = self._local.conn = connect(self.path, self.synchronous)
+            with self._all_lock:
+                self._all.append(c)
         return c
 
     def rows(self, sql: str, params=()) -> list[dict]:
@@ -208,8 +244,15 @@ class DB:
         c.execute("INSERT INTO history(ns, memory_id, event, other_id, at, detail) VALUES (?,?,?,?,?,?)",
                   (ns, memory_id, event, other_id, now(), json.dumps(detail)))
 
+    def checkpoint(self) -> tuple[int, int, int]:
+        """Copies the WAL into the file and truncates it (busy, frames in the WAL, frames copied):
+        after it, what was deleted (and overwritten, secure_delete) is in neither file."""
+        return self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+
     def close(self) -> None:
-        c = getattr(self._local, "conn", None)
-        if c is not None:
+        """Every thread's connection; the last one to close checkpoints the WAL into the file."""
+        with self._all_lock:
+            conns, self._all = self._all, []
+        for c in conns:
             c.close()
-            self._local.conn = None
+        self._local = threading.local()

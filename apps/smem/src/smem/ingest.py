@@ -1,94 +1,55 @@
-"""Ingest as a durable job queue in the database.
+"""Ingest: the stages a document's job walks, chunk -> embed -> extract -> judge -> index.
 
-One job per document walks the stages chunk -> embed -> extract -> judge -> index. Each stage
-commits its results and the move to the next stage in one transaction, so a process killed at
-any point resumes from the last committed stage and never writes a stage's rows twice."""
+Each stage commits its results and the move to the next stage in one transaction, so a process killed
+at any point resumes from the last committed stage and never writes a stage's rows twice. The queue
+is smem.jobqueue, the judge smem.judge, the workers smem.workers."""
 
 from __future__ import annotations
 
 import json
 import logging
-import secrets
-import threading
 import time
-from datetime import UTC, datetime, timedelta
 
-import numpy as np
+import apsw
 
+from smem import facts
 from smem.config import Settings
-from smem.db import DB, TIME_FMT, new_id, now, vec_blob
+from smem.db import DB, new_id, now, vec_blob
 from smem.embed import Embedder
 from smem.extract import ExtractionError, Extractor
-from smem.lanes import NoNode
-from smem.text import date_label, estimate_tokens, index_texts, normalise, units
+from smem.jobqueue import JobQueue, Lost
+from smem.judge import Judge, JudgeFailed
+from smem.lanes import InputTooLarge, NoNode
+from smem.text import estimate_tokens, units
 
 log = logging.getLogger("smem.ingest")
 
 STAGES = ("chunk", "embed", "extract", "judge", "index")
 
 
-class Lost(Exception):
-    """The job was taken from this worker (document deleted or replaced): drop it."""
-
-
 class FinalFailure(Exception):
-    """The stage failed for good (the LLM's answers failed validation): no more attempts.
-    `result` is recorded as the stage's entry in the job's stages."""
+    """The stage failed for good (the LLM's answers failed validation, the input is too large for the
+    model): no more attempts. `result` is recorded as the stage's entry in the job's stages."""
 
     def __init__(self, reason: str, result: dict):
         super().__init__(reason)
         self.result = result
 
 
-def _later(seconds: float) -> str:
-    return (datetime.now(UTC) + timedelta(seconds=seconds)).strftime(TIME_FMT)
-
-
 class Pipeline:
     def __init__(self, db: DB, embedder: Embedder, settings: Settings, extractor: Extractor | None = None,
                  judge=None):
+        """judge: smem.llm.LLMJudge, or None (then the judge is the duplicate check only)."""
         self.db = db
         self.embedder = embedder
         self.settings = settings
         self.extractor = extractor
-        self.judge = judge  # smem.llm.LLMJudge; None: the judge is the duplicate check only
-        self.wake = threading.Event()
-
-    # -- the queue -------------------------------------------------------------------------
-    def enqueue(self, ns: str, content: str, metadata: dict, custom_id: str | None, valid_at: str | None):
-        t = now()
-        with self.db.tx() as c:
-            old = custom_id and self.db.one("SELECT id FROM documents WHERE ns=? AND custom_id=?", (ns, custom_id))
-            if old:
-                doc_id = old["id"]
-                self._drop_index(c, doc_id)
-                c.execute("DELETE FROM chunks WHERE document_id=?", (doc_id,))
-                c.execute("UPDATE documents SET content=?, metadata=?, valid_at=?, status='queued', error=NULL,"
-                          " updated_at=? WHERE id=?", (content, json.dumps(metadata), valid_at, t, doc_id))
-                c.execute("DELETE FROM jobs WHERE document_id=?", (doc_id,))
-            else:
-                doc_id = new_id("doc")
-                c.execute("INSERT INTO documents(id, ns, custom_id, content, metadata, valid_at, status, created_at,"
-                          " updated_at) VALUES (?,?,?,?,?,?,'queued',?,?)",
-                          (doc_id, ns, custom_id, content, json.dumps(metadata), valid_at, t, t))
-            c.execute("INSERT INTO jobs(ns, document_id, stage, state, run_after, created_at, updated_at)"
-                      " VALUES (?,?,'chunk','queued',?,?,?)", (ns, doc_id, t, t, t))
-        self.wake.set()
-        return doc_id, "queued"
-
-    def requeue_orphans(self) -> int:
-        """At start, with the server lock held: jobs left 'running' belong to a dead process."""
-        with self.db.tx() as c:
-            c.execute("UPDATE jobs SET state='queued', owner=NULL, updated_at=? WHERE state='running'", (now(),))
-            return self.db.conn.changes()
-
-    def claim(self, worker: str) -> dict | None:
-        owner = "%s/%s" % (worker, secrets.token_hex(4))
-        with self.db.tx():
-            rows = self.db.rows(
-                "UPDATE jobs SET state='running', owner=?, updated_at=? WHERE id = (SELECT id FROM jobs"
-                " WHERE state='queued' AND run_after <= ? ORDER BY id LIMIT 1) RETURNING *", (owner, now(), now()))
-        return rows[0] if rows else None
+        self.queue = JobQueue(db, settings)
+        self.judge = Judge(db, settings, judge)
+        self.wake = self.queue.wake
+        self.enqueue = self.queue.enqueue
+        self.claim = self.queue.claim
+        self.requeue_orphans = self.queue.requeue_orphans
 
     def run_until_idle(self, worker: str = "inline") -> int:
         """Runs due jobs in this thread until none is left; for tests and tools."""
@@ -105,69 +66,26 @@ class Pipeline:
                 getattr(self, "_stage_" + job["stage"])(job)
         except Lost:
             log.info("job %s: taken away, dropped", job["id"])
+        except apsw.Error:
+            raise   # the database's trouble (disk full, I/O), not the document's: the worker retries it
         except NoNode as e:
             if not e.leased_only:
                 log.warning("job %s stage %s: %s", job["id"], job["stage"], e)
-                self._failed_attempt(job, "%s: %s" % (job["stage"], e))
+                self.queue.failed_attempt(job, "%s: %s" % (job["stage"], e))
             else:   # the render farm has the lane's nodes: wait for them, no attempt spent
-                self._wait(job, "%s: %s" % (job["stage"], e))
+                self.queue.wait(job, "%s: %s" % (job["stage"], e))
         except FinalFailure as e:
             log.warning("job %s stage %s: %s", job["id"], job["stage"], e)
-            self._failed_attempt(job, "%s: %s" % (job["stage"], e), final=True, result=e.result)
+            self.queue.failed_attempt(job, "%s: %s" % (job["stage"], e), final=True, result=e.result)
         except Exception as e:  # any stage error: retry, bounded, then fail with the reason
             log.warning("job %s stage %s: %s", job["id"], job["stage"], e)
-            self._failed_attempt(job, "%s: %s" % (job["stage"], e))
+            self.queue.failed_attempt(job, "%s: %s" % (job["stage"], e))
 
     def _mine(self, c, job: dict) -> dict:
-        row = self.db.one("SELECT state, owner, stages FROM jobs WHERE id=?", (job["id"],))
-        if row is None or row["state"] != "running" or row["owner"] != job["owner"]:
-            raise Lost()
-        return json.loads(row["stages"])
+        return self.queue.mine(job)
 
     def _advance(self, c, job: dict, stages: dict, name: str, result, *, nxt: str, status: str | None = None) -> None:
-        stages[name] = result
-        c.execute("UPDATE jobs SET stage=?, stages=?, updated_at=? WHERE id=?",
-                  (nxt, json.dumps(stages), now(), job["id"]))
-        if status:
-            c.execute("UPDATE documents SET status=?, updated_at=? WHERE id=?", (status, now(), job["document_id"]))
-        job["stage"] = nxt
-
-    def _failed_attempt(self, job: dict, reason: str, final: bool = False, result: dict | None = None) -> None:
-        with self.db.tx() as c:
-            row = self.db.one("SELECT attempts, owner, stages FROM jobs WHERE id=?", (job["id"],))
-            if row is None or row["owner"] != job["owner"]:
-                return
-            attempts = row["attempts"] + 1
-            stages = json.loads(row["stages"])
-            if result is not None:
-                stages[job["stage"]] = result
-            stages.setdefault("errors", []).append({"stage": job["stage"], "error": reason, "at": now()})
-            if final or attempts >= self.settings.job_max_attempts:
-                c.execute("UPDATE jobs SET state='failed', attempts=?, error=?, stages=?, owner=NULL, updated_at=?"
-                          " WHERE id=?", (attempts, reason, json.dumps(stages), now(), job["id"]))
-                c.execute("UPDATE documents SET status='failed', error=?, updated_at=? WHERE id=?",
-                          (reason, now(), job["document_id"]))
-                # Facts of a failed document never reach the indexes, not even those of chunks that went well.
-                c.execute("DELETE FROM memories WHERE document_id=? AND indexed=0", (job["document_id"],))
-            else:
-                wait = min(self.settings.retry_backoff_s * 2 ** attempts, 60)
-                c.execute("UPDATE jobs SET state='queued', attempts=?, stages=?, owner=NULL, run_after=?, updated_at=?"
-                          " WHERE id=?", (attempts, json.dumps(stages), _later(wait), now(), job["id"]))
-
-    def _wait(self, job: dict, reason: str) -> None:
-        with self.db.tx() as c:
-            row = self.db.one("SELECT owner, stages FROM jobs WHERE id=?", (job["id"],))
-            if row is None or row["owner"] != job["owner"]:
-                return
-            stages = json.loads(row["stages"])
-            stages["waiting"] = {"stage": job["stage"], "reason": reason, "at": now()}
-            c.execute("UPDATE jobs SET state='queued', stages=?, owner=NULL, run_after=?, updated_at=? WHERE id=?",
-                      (json.dumps(stages), _later(self.settings.lease_wait_s), now(), job["id"]))
-
-    def _drop_index(self, c, doc_id: str) -> None:
-        for (rowid,) in c.execute("SELECT rowid FROM chunks WHERE document_id=? AND indexed=1", (doc_id,)).fetchall():
-            c.execute("DELETE FROM chunks_fts WHERE rowid=?", (rowid,))
-            c.execute("DELETE FROM vec_chunks WHERE rowid=?", (rowid,))
+        self.queue.advance(c, job, stages, name, result, nxt=nxt, status=status)
 
     # -- the stages ------------------------------------------------------------------------
     def _stage_chunk(self, job: dict) -> None:
@@ -175,7 +93,7 @@ class Pipeline:
         pieces = units(doc["content"], self.settings.chunk_tokens) if doc else []
         with self.db.tx() as c:
             stages = self._mine(c, job)
-            self._drop_index(c, job["document_id"])
+            facts.drop_chunk_index(c, job["document_id"])
             c.execute("DELETE FROM memories WHERE document_id=? AND indexed=0", (job["document_id"],))
             c.execute("DELETE FROM chunks WHERE document_id=?", (job["document_id"],))
             for seq, text in enumerate(pieces):
@@ -192,7 +110,10 @@ class Pipeline:
                 break
             if self.settings.test_chunk_sleep_s:
                 time.sleep(self.settings.test_chunk_sleep_s * len(todo))
-            vectors = self.embedder.embed([r["content"] for r in todo])
+            try:
+                vectors = self.embedder.embed([r["content"] for r in todo])
+            except InputTooLarge as e:   # the document's fault: a retry would fail the same way
+                raise FinalFailure(str(e), {"state": "failed", "reason": str(e)}) from e
             with self.db.tx() as c:
                 self._mine(c, job)
                 for r, v in zip(todo, vectors, strict=True):
@@ -218,7 +139,7 @@ class Pipeline:
         for ch in chunks[progress["chunksDone"]:]:
             try:
                 facts = self.extractor.extract(ch["content"], {"ns": job["ns"], "documentId": job["document_id"]})
-            except ExtractionError as e:
+            except (ExtractionError, InputTooLarge) as e:
                 raise FinalFailure(str(e), {**progress, "state": "failed", "failedChunk": ch["id"],
                                             "reason": str(e)}) from e
             vectors = self.embedder.embed([f.content for f in facts]) if facts else []
@@ -242,20 +163,10 @@ class Pipeline:
                                                       "model": self.extractor.model}, nxt="judge")
 
     def _decide(self, ns: str, m: dict) -> dict:
-        """How a pending fact relates to the namespace's current facts; the LLM only where some are close."""
-        vector = np.frombuffer(m["embedding"], np.float32)
-        same = find_duplicate(self.db, ns, m["content"], vector, self.settings.near_duplicate)
-        if same:
-            return {"decision": "duplicate", "target": same}
-        if self.judge is None:
-            return {"decision": "new", "target": None}
-        close = nearest_current(self.db, ns, vector, self.settings.judge_candidates, self.settings.judge_close)
-        if not close:
-            return {"decision": "new", "target": None}
         try:
-            return self.judge.decide(m["content"], close)
-        except ExtractionError as e:
-            raise FinalFailure(str(e), {"state": "failed", "memory": m["id"], "reason": str(e)}) from e
+            return self.judge.decide(ns, m)
+        except JudgeFailed as e:
+            raise FinalFailure(str(e), e.result) from e
 
     def _stage_judge(self, job: dict) -> None:
         stages = json.loads(self.db.scalar("SELECT stages FROM jobs WHERE id=?", (job["id"],)))
@@ -269,19 +180,12 @@ class Pipeline:
             if skipped:
                 result = {"state": "skipped", "reason": "nothing extracted"}
             else:
-                n = dict.fromkeys(("new", "duplicate", *(("supersedes", "extends") if self.judge else ())), 0)
-                closing = set()
-                for m, d in decisions:
-                    kind, target = d["decision"], d["target"]
-                    old = target and self.db.one("SELECT valid_from FROM memories WHERE id=? AND indexed=1 AND"
-                                                 " valid_to IS NULL AND forgotten_at IS NULL", (target,))
-                    if kind != "new" and not old:
-                        kind = "new"  # the target was closed or forgotten meanwhile
-                    # A fact closes another only if it is later, and only one fact of the document closes it.
-                    if kind == "supersedes" and (m["valid_from"] <= old["valid_from"] or target in closing):
-                        kind = "new"
-                    if kind == "supersedes":
-                        closing.add(target)
+                n = dict.fromkeys(self.judge.decisions, 0)
+
+                def current(target: str) -> str | None:
+                    return self.db.scalar("SELECT valid_from FROM memories WHERE id=? AND indexed=1 AND "
+                                          + facts.CURRENT, (target,))
+                for m, kind, target in self.judge.settle(decisions, current):
                     if kind == "duplicate":
                         c.execute("DELETE FROM memories WHERE id=?", (m["id"],))
                         self.db.history(c, job["ns"], target, "duplicate", None, documentId=job["document_id"],
@@ -289,9 +193,7 @@ class Pipeline:
                     elif kind in ("supersedes", "extends"):
                         c.execute("UPDATE memories SET %s=? WHERE id=?" % kind, (target, m["id"]))
                     n[kind] += 1
-                result = {"state": "done", **n}
-                if self.judge:
-                    result.update(model=self.judge.model, promptHash=self.judge.prompt_hash)
+                result = {"state": "done", **n, **self.judge.record()}
             self._advance(c, job, stages, "judge", result, nxt="index", status="indexing")
 
     def _stage_index(self, job: dict) -> None:
@@ -301,9 +203,7 @@ class Pipeline:
             doc = self.db.one("SELECT valid_at FROM documents WHERE id=?", (job["document_id"],))
             rows = self.db.rows("SELECT rowid, content, embedding, indexed FROM chunks WHERE document_id=?"
                                 " ORDER BY seq", (job["document_id"],))
-            s = self.settings
-            texts = index_texts([r["content"] for r in rows], before=s.context_before, after=s.context_after,
-                                header=date_label(doc and doc["valid_at"]) if s.context_date else None)
+            texts = facts.chunk_index_texts(self.settings, [r["content"] for r in rows], doc and doc["valid_at"])
             for r, text in zip(rows, texts, strict=True):
                 if r["indexed"]:
                     continue
@@ -313,7 +213,7 @@ class Pipeline:
             c.execute("UPDATE chunks SET indexed=1 WHERE document_id=?", (job["document_id"],))
             for m in self.db.rows("SELECT rowid, id, content, embedding, valid_from, supersedes, extends"
                                   " FROM memories WHERE document_id=? AND indexed=0", (job["document_id"],)):
-                index_memory(c, job["ns"], m)
+                facts.index_memory(c, job["ns"], m)
                 self.db.history(c, job["ns"], m["id"], "created", m["supersedes"] or m["extends"],
                                 documentId=job["document_id"])
                 if m["supersedes"]:
@@ -328,63 +228,3 @@ class Pipeline:
             c.execute("UPDATE jobs SET state='done', owner=NULL WHERE id=?", (job["id"],))
 
 
-def index_memory(c, ns: str, m: dict) -> None:
-    c.execute("INSERT INTO memories_fts(rowid, content, ns) VALUES (?,?,?)", (m["rowid"], m["content"], ns))
-    c.execute("INSERT INTO vec_memories(rowid, ns, embedding) VALUES (?,?,?)", (m["rowid"], ns, m["embedding"]))
-    c.execute("UPDATE memories SET indexed=1 WHERE rowid=?", (m["rowid"],))
-
-
-def find_duplicate(db: DB, ns: str, content: str, vector: np.ndarray, near: float) -> str | None:
-    """The judge, as far as this slice goes: an exact (normalised) or near (cosine) duplicate of a current fact."""
-    key = normalise(content)
-    for m in db.rows("SELECT id, content FROM memories WHERE ns=? AND indexed=1 AND valid_to IS NULL"
-                     " AND forgotten_at IS NULL", (ns,)):
-        if normalise(m["content"]) == key:
-            return m["id"]
-    for hit in db.rows("SELECT rowid, distance FROM vec_memories WHERE embedding MATCH ? AND k = 10 AND ns = ?",
-                       (vec_blob(vector), ns)):
-        if 1 - hit["distance"] < near:
-            break
-        m = db.one("SELECT id FROM memories WHERE rowid=? AND valid_to IS NULL AND forgotten_at IS NULL",
-                   (hit["rowid"],))
-        if m:
-            return m["id"]
-    return None
-
-
-def nearest_current(db: DB, ns: str, vector: np.ndarray, k: int, close: float) -> list[dict]:
-    """Up to k current facts of the namespace with cosine >= close to vector, nearest first."""
-    out = []
-    for hit in db.rows("SELECT rowid, distance FROM vec_memories WHERE embedding MATCH ? AND k = ? AND ns = ?",
-                       (vec_blob(vector), 4 * k, ns)):
-        if 1 - hit["distance"] < close or len(out) >= k:
-            break
-        m = db.one("SELECT id, content FROM memories WHERE rowid=? AND valid_to IS NULL AND forgotten_at IS NULL",
-                   (hit["rowid"],))
-        if m:
-            out.append(m)
-    return out
-
-
-class Worker(threading.Thread):
-    def __init__(self, pipeline: Pipeline, name: str):
-        super().__init__(name=name, daemon=True)
-        self.pipeline = pipeline
-        self.stopping = threading.Event()
-
-    def run(self) -> None:
-        while not self.stopping.is_set():
-            try:
-                job = self.pipeline.claim(self.name)
-            except Exception:
-                log.exception("claim")
-                job = None
-            if job is None:
-                self.pipeline.wake.wait(self.pipeline.settings.poll_interval_s)
-                self.pipeline.wake.clear()
-                continue
-            self.pipeline.run_job(job)
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.pipeline.wake.set()

@@ -34,6 +34,15 @@ class Refused(RuntimeError):
     """The server refused the request (4xx): the request's fault, not the node's."""
 
 
+class InputTooLarge(Refused):
+    """The node says the input is more than its model takes (llama-server: "input (N tokens) is too large
+    to process", a 500, or exceed_context_size_error, a 400): the request's fault, never the node down."""
+
+
+class OutOfTime(Exception):
+    """The call ran past its caller's budget: the caller degrades its answer; the node is not down."""
+
+
 class Unauthorized(RuntimeError):
     """The server answered 401: smem's key for the node (lane_keys_file) is not the one it takes.
     Neither the request's fault nor a node down: the configuration's. Skip it, say why."""
@@ -75,11 +84,18 @@ class Server:
         return (text.replace(self.key, "<key>") if self.key else text)[:300]
 
     def post(self, path: str, body: dict, timeout: float | None = None) -> dict:
+        """timeout: the caller's budget for this call (running past it is OutOfTime, not NodeDown)."""
         url = self.url.rstrip("/") + path
         try:
             r = self.client.post(url, json=body, **({"timeout": timeout} if timeout else {}))
+        except httpx.TimeoutException as e:
+            if timeout is not None:
+                raise OutOfTime("%s: over the %.0f ms budget" % (url, 1000 * timeout)) from e
+            raise NodeDown("%s: %s" % (url, str(e) or type(e).__name__)) from e
         except httpx.HTTPError as e:
             raise NodeDown("%s: %s" % (url, str(e) or type(e).__name__)) from e
+        if r.status_code >= 400 and _too_large(r):
+            raise InputTooLarge("%s answered %d: %s" % (url, r.status_code, self._text(r)))
         if r.status_code >= 500:
             raise NodeDown("%s answered %d: %s" % (url, r.status_code, self._text(r)))
         if r.status_code == 401:
@@ -93,6 +109,17 @@ class Server:
             return r.json()
         except ValueError as e:
             raise NodeDown("%s answered something that is not JSON" % url) from e
+
+
+def _too_large(r: httpx.Response) -> bool:
+    try:
+        err = r.json().get("error")
+    except (ValueError, AttributeError):
+        return False
+    if not isinstance(err, dict):
+        return False
+    message = str(err.get("message", ""))
+    return err.get("type") == "exceed_context_size_error" or "too large to process" in message
 
 
 @dataclass
@@ -182,7 +209,10 @@ class Lanes:
                 s.inflight += 1
             tried.add(s)
             try:
-                if not s.sem.acquire(timeout=self.timeout(lane)):
+                wait = self.timeout(lane)
+                if deadline is not None:   # the caller's budget bounds the wait for a slot too
+                    wait = max(0.0, min(wait, deadline - time.monotonic()))
+                if not s.sem.acquire(timeout=wait):
                     errors.append("%s busy" % s.label)
                     continue
                 try:
@@ -195,6 +225,8 @@ class Lanes:
                     return Answer(value, s.label, down)
                 finally:
                     s.sem.release()
+            except OutOfTime as e:
+                raise NoNode("%s in the %s lane: out of time (%s)" % (role, lane, e), down) from e
             except (NodeDown, Unauthorized) as e:
                 # Skipped alike, so that the lane's other nodes answer; a 401 is logged as what it is.
                 if isinstance(e, Unauthorized):
@@ -289,6 +321,8 @@ class LaneEmbedder:
             except NoNode as e:
                 down += e.down
                 errors.append(str(e))
+            except InputTooLarge:
+                raise   # the same input is as large for the fallback lane
             except Refused as e:
                 errors.append(str(e))
                 break

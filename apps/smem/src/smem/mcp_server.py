@@ -18,21 +18,22 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from smem import __version__, api, auth, memories
-from smem.api import HTTPError
+from smem import __version__, auth
 from smem.embed import EmbedderError
 from smem.errors import Conflict, NotFound
-from smem.search import MODES, search
+from smem.ops import ServiceError
+from smem.search import MODES
 
 PRINCIPAL = "smem.principal"  # where the /mcp bearer check leaves the token's Principal in the ASGI scope
 UNAUTHORIZED = "missing or unknown bearer token"
 
-NS = Annotated[str, Field(description="the namespace; the token must cover it")]
+NS = Annotated[str | None, Field(description="the namespace; may be left out when the token has exactly one")]
 TIME = Annotated[str | None, Field(description="ISO-8601 date or time; no zone means UTC")]
 
 INSTRUCTIONS = """Agent memory. add_memory stores a fact (or, with kind="document", queues a document to be
-chunked and indexed); search recalls facts and document chunks; forget removes a fact; list_documents shows
-ingest status; who_am_i lists the namespaces this token may use."""
+chunked and indexed); search recalls facts and document chunks; list_memories pages through the facts in
+force; forget removes a fact (erase: true removes its text for good); list_documents shows ingest status;
+who_am_i lists the namespaces this token may use (with one, ns may be left out everywhere)."""
 
 
 def _given(**fields) -> dict:
@@ -45,8 +46,10 @@ def _error(status: int, message: str) -> CallToolResult:
 
 
 class Tools:
-    def __init__(self, db, pipeline, embedder, settings, *, reranker, token: str | None):
-        self.db, self.pipeline, self.embedder, self.settings, self.reranker = db, pipeline, embedder, settings, reranker
+    """Each tool is one smem.ops call, as the HTTP route for it is."""
+
+    def __init__(self, ops, *, token: str | None):
+        self.ops, self.db = ops, ops.db
         self.token = token  # stdio only; over HTTP each request brings its own
 
     def _principal(self, ctx: Context) -> auth.Principal:
@@ -57,30 +60,22 @@ class Tools:
             # stdio: looked up on every call, so a token revoked meanwhile stops working at once.
             p = self.token and auth.resolve(self.db, "Bearer " + self.token)
         if not p:
-            raise HTTPError(401, UNAUTHORIZED)
+            raise ServiceError(401, UNAUTHORIZED)
         return p
 
-    async def _call(self, ctx: Context, ns: str | None, work):
-        def run():
-            p = self._principal(ctx)
-            if ns is not None:
-                api.check_ns(p, ns)
-            return work(p)
+    async def _call(self, ctx: Context, work):
         try:
-            return await anyio.to_thread.run_sync(run)
-        except HTTPError as e:
+            return await anyio.to_thread.run_sync(lambda: work(self._principal(ctx)))
+        except ServiceError as e:
             return _error(e.status, e.message)
         except (NotFound, Conflict) as e:
             return _error(e.status, str(e))
         except EmbedderError as e:
             return _error(503, "embedder unavailable: %s" % e)
 
-    def _size(self, content: str) -> None:
-        if len(content.encode()) > self.settings.max_document_bytes:
-            raise HTTPError(413, "content over max_document_bytes (%d)" % self.settings.max_document_bytes)
-
     async def add_memory(
-        self, *, ns: NS, content: Annotated[str, Field(description="the fact, or the document's text")], ctx: Context,
+        self, *, content: Annotated[str, Field(description="the fact, or the document's text")], ctx: Context,
+        ns: NS = None,
         kind: Annotated[Literal["fact", "document"], Field(
             description="fact: stored and searchable at once (201-like; duplicate: true if already known). "
                         "document: queued for chunking and indexing by `smem serve`")] = "fact",
@@ -91,24 +86,13 @@ class Tools:
             description="document only: the caller's key; the same customId again replaces the document")] = None,
     ) -> dict[str, Any]:
         """Remember a fact (like POST /v5/ns/{ns}/memories) or add a document (like POST /v5/ns/{ns}/documents)."""
-        def work(_):
-            b = _given(content=content, validAt=validAt, supersedes=supersedes, metadata=metadata, customId=customId)
-            if kind == "document":
-                api.check_body(b, api.DOCUMENT)
-                if not content.strip():
-                    raise HTTPError(400, "content is empty")
-                self._size(content)
-                doc_id, status = self.pipeline.enqueue(ns, content, b.get("metadata") or {}, b.get("customId"),
-                                                       api._time(validAt, "validAt"))
-                return {"id": doc_id, "status": status}
-            api.check_body(b, api.MEMORY)
-            self._size(content)
-            return memories.add(self.db, self.embedder, self.settings.near_duplicate, ns, content,
-                                valid_at=api._time(validAt, "validAt"), supersedes=supersedes, metadata=metadata)
-        return await self._call(ctx, ns, work)
+        b = _given(content=content, validAt=validAt, metadata=metadata)
+        if kind == "document":
+            return await self._call(ctx, lambda p: self.ops.add_document(p, ns, _given(**b, customId=customId)))
+        return await self._call(ctx, lambda p: self.ops.add_memory(p, ns, _given(**b, supersedes=supersedes)))
 
     async def search(
-        self, *, ns: NS, q: Annotated[str, Field(description="what to recall, in words")], ctx: Context,
+        self, *, q: Annotated[str, Field(description="what to recall, in words")], ctx: Context, ns: NS = None,
         mode: Annotated[Literal[MODES], Field(description="facts and chunks, or one kind")] = "hybrid",
         limit: Annotated[int | None, Field(description="at most this many results")] = None,
         budgetTokens: Annotated[int | None, Field(
@@ -118,43 +102,45 @@ class Tools:
         threshold: Annotated[float | None, Field(description="drop results whose cosine is below (0-1)")] = None,
     ) -> dict[str, Any]:
         """Recall (like POST /v5/ns/{ns}/search): {results: [{id, kind, content, score, ...}], degraded, usedTokens}."""
-        def work(_):
-            api.check_body(_given(q=q, mode=mode, limit=limit, asOf=asOf, rerank=rerank, threshold=threshold,
-                                  budgetTokens=budgetTokens), api.SEARCH)
-            if limit is not None and limit > self.settings.max_limit:
-                raise HTTPError(400, "limit: at most %d" % self.settings.max_limit)
-            return search(self.db, self.embedder, self.settings, ns, q, mode=mode, limit=limit,
-                          as_of=api._time(asOf, "asOf"), rerank=rerank, threshold=threshold,
-                          budget_tokens=budgetTokens, reranker=self.reranker)
-        return await self._call(ctx, ns, work)
+        b = _given(q=q, mode=mode, limit=limit, asOf=asOf, rerank=rerank, threshold=threshold,
+                   budgetTokens=budgetTokens)
+        return await self._call(ctx, lambda p: self.ops.search(p, ns, b))
+
+    async def list_memories(
+        self, *, ctx: Context, ns: NS = None, asOf: TIME = None,
+        limit: Annotated[int, Field(description="at most this many facts (1-1000)")] = 100,
+        cursor: Annotated[str | None, Field(description="nextCursor of the page before")] = None,
+    ) -> dict[str, Any]:
+        """The facts in force (at asOf, default now), newest first, a page at a time:
+        {memories: [...], nextCursor (null on the last page)}."""
+        return await self._call(ctx, lambda p: self.ops.list_memories(p, ns, as_of=asOf, limit=limit,
+                                                                      cursor=cursor))
 
     async def forget(
-        self, *, ns: NS, ctx: Context,
+        self, *, ctx: Context, ns: NS = None,
         id: Annotated[str | None, Field(description="the fact's id")] = None,
         content: Annotated[str | None, Field(description="or its text (case- and space-insensitive)")] = None,
         dryRun: Annotated[bool, Field(description="only say what would be forgotten")] = False,
+        erase: Annotated[bool, Field(description="also remove its text, embedding and history details for good"
+                                                 " (a tombstone with the text's hash stays)")] = False,
     ) -> dict[str, Any]:
         """Forget a fact (like POST /v5/ns/{ns}/forget): no search returns it again. {dryRun, forgotten: [...]}."""
-        def work(_):
-            b = api.check_body(_given(id=id, content=content, dryRun=dryRun), api.FORGET)
-            if ("id" in b) == ("content" in b):
-                raise HTTPError(400, "give exactly one of id and content")
-            return memories.forget(self.db, ns, id, content, dryRun)
-        return await self._call(ctx, ns, work)
+        b = _given(id=id, content=content, dryRun=dryRun, erase=erase)
+        return await self._call(ctx, lambda p: self.ops.forget(p, ns, b))
 
     async def list_documents(
-        self, *, ns: NS, ctx: Context,
+        self, *, ctx: Context, ns: NS = None,
         status: Annotated[Literal["queued", "extracting", "indexing", "done", "failed"] | None,
                           Field(description="only documents in this state")] = None,
-        limit: int = 100, offset: int = 0,
+        limit: Annotated[int, Field(description="1-1000")] = 100, offset: int = 0,
     ) -> dict[str, Any]:
         """The namespace's documents with their ingest status, error and job stages. {documents, total}."""
-        return await self._call(ctx, ns, lambda _: api.documents_page(self.db, ns, status, limit, offset))
+        return await self._call(ctx, lambda p: self.ops.list_documents(p, ns, status, limit, offset))
 
     async def who_am_i(self, ctx: Context) -> dict[str, Any]:
         """This token: the namespaces it may use; admin: true means every namespace."""
-        return await self._call(ctx, None, lambda p: {"tokenId": p.token_id, "admin": p.admin,
-                                                      "namespaces": sorted(p.namespaces)})
+        return await self._call(ctx, lambda p: {"tokenId": p.token_id, "admin": p.admin,
+                                                "namespaces": sorted(p.namespaces), "scopes": sorted(p.scopes)})
 
 
 def _tool(fn, **hints) -> Tool:
@@ -168,9 +154,10 @@ def _tool(fn, **hints) -> Tool:
     return tool
 
 
-def build_server(db, pipeline, embedder, settings, *, reranker=None, token: str | None = None) -> MCPServer:
-    t = Tools(db, pipeline, embedder, settings, reranker=reranker, token=token)
+def build_server(ops, *, token: str | None = None) -> MCPServer:
+    t = Tools(ops, token=token)
     tools = [_tool(t.add_memory, read_only_hint=False, destructive_hint=False), _tool(t.search, read_only_hint=True),
+             _tool(t.list_memories, read_only_hint=True),
              _tool(t.forget, read_only_hint=False, destructive_hint=True),
              _tool(t.list_documents, read_only_hint=True), _tool(t.who_am_i, read_only_hint=True)]
     return MCPServer("smem", version=__version__, instructions=INSTRUCTIONS, tools=tools, log_level="WARNING")
@@ -191,10 +178,11 @@ class _Bearer:
         await self.manager.handle_request(scope, receive, send)
 
 
-def mcp_routes(db, pipeline, embedder, settings, reranker=None):
-    """([Route("/mcp")], running), given what api.API is given: add the route to the app and enter
+def mcp_routes(ops):
+    """([Route("/mcp")], running), on the smem.ops.Ops the HTTP API uses: add the route to the app and enter
     `running()` in its lifespan (`async with running(): yield`); a Mount would not run a sub-app's lifespan."""
-    server = build_server(db, pipeline, embedder, settings, reranker=reranker)
+    db, settings = ops.db, ops.settings
+    server = build_server(ops)
     # Stateless with JSON answers: no session state to leak between tokens, nothing lost on a restart.
     # DNS-rebinding checks off: they would refuse smem serve's own LAN address, and a page a rebinding
     # attack could load has no bearer token to send.
@@ -205,11 +193,10 @@ def mcp_routes(db, pipeline, embedder, settings, reranker=None):
     return [Route("/mcp", _Bearer(db, manager))], manager.run
 
 
-def run_stdio(pipeline, settings, token: str, embedder=None, reranker=None) -> int:
+def run_stdio(ops, token: str) -> int:
     """`smem mcp`: no ingest workers and no DB.lock here; documents added wait for `smem serve`'s workers."""
-    if auth.resolve(pipeline.db, "Bearer " + token) is None:
+    if auth.resolve(ops.db, "Bearer " + token) is None:
         print("smem: unknown or revoked token", file=sys.stderr)
         return 2
-    build_server(pipeline.db, pipeline, embedder or pipeline.embedder, settings, reranker=reranker,
-                 token=token).run("stdio")
+    build_server(ops, token=token).run("stdio")
     return 0

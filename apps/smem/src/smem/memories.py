@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 
+from smem import facts
 from smem.db import DB, new_id, now, vec_blob
 from smem.embed import Embedder
 from smem.errors import Conflict, NotFound
-from smem.ingest import find_duplicate, index_memory
+from smem.facts import find_duplicate, index_memory
 from smem.search import FACT_AT
 from smem.text import normalise
 
@@ -16,7 +17,8 @@ def public(m: dict) -> dict:
     out = {"id": m["id"], "content": m["content"], "validFrom": m["valid_from"], "validTo": m["valid_to"],
            "recordedAt": m["recorded_at"], "expiredAt": m["expired_at"], "supersedes": m["supersedes"],
            "extends": m["extends"], "origin": m["origin"], "documentId": m["document_id"],
-           "sourceChunkId": m["source_chunk_id"], "model": m["model"], "promptHash": m["prompt_hash"]}
+           "sourceChunkId": m["source_chunk_id"], "model": m["model"], "promptHash": m["prompt_hash"],
+           "forgottenAt": m["forgotten_at"], "erasedAt": m.get("erased_at")}
     return {k: v for k, v in out.items() if v is not None}
 
 
@@ -56,9 +58,22 @@ def add(db: DB, embedder: Embedder, near: float, ns: str, content: str, *, valid
 
 
 def list_at(db: DB, ns: str, t: str | None, limit: int = 100) -> list[dict]:
-    rows = db.rows("SELECT m.* FROM memories m WHERE m.ns = :ns AND " + FACT_AT +
-                   " ORDER BY m.valid_from DESC LIMIT :n", {"ns": ns, "t": t or now(), "n": limit})
-    return [public(m) for m in rows]
+    return page_at(db, ns, t, limit)[0]
+
+
+def page_at(db: DB, ns: str, t: str | None, limit: int, after: list | None = None) -> tuple[list[dict], list | None]:
+    """The facts in force at t, newest first, `limit` at a time: (this page, the key to pass as `after`
+    for the next, or None at the end). The key is (validFrom, rowid) of the page's last fact."""
+    params = {"ns": ns, "t": t or now(), "n": limit + 1}
+    where = ""
+    if after:
+        where = " AND (m.valid_from < :vf OR (m.valid_from = :vf AND m.rowid < :r))"
+        params.update(vf=after[0], r=after[1])
+    rows = db.rows("SELECT m.* FROM memories m WHERE m.ns = :ns AND " + FACT_AT + where +
+                   " ORDER BY m.valid_from DESC, m.rowid DESC LIMIT :n", params)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return [public(m) for m in rows], ([rows[-1]["valid_from"], rows[-1]["rowid"]] if more else None)
 
 
 def history(db: DB, ns: str, memory_id: str) -> list[dict]:
@@ -66,9 +81,13 @@ def history(db: DB, ns: str, memory_id: str) -> list[dict]:
             for h in db.rows("SELECT * FROM history WHERE ns=? AND memory_id=? ORDER BY id", (ns, memory_id))]
 
 
-def forget(db: DB, ns: str, memory_id: str | None, content: str | None, dry_run: bool) -> dict:
+def forget(db: DB, ns: str, memory_id: str | None, content: str | None, dry_run: bool, *,
+           erase: bool = False) -> dict:
+    """Out of every index; erase: the content, embedding and history details gone for good too (a
+    tombstone with the content's hash stays). An already forgotten fact can still be erased."""
     with db.tx() as c:
-        live = db.rows("SELECT * FROM memories WHERE ns=? AND forgotten_at IS NULL AND indexed=1", (ns,))
+        cond = "indexed=1" if erase else "indexed=1 AND forgotten_at IS NULL"
+        live = db.rows("SELECT * FROM memories WHERE ns=? AND erased_at IS NULL AND " + cond, (ns,))
         if memory_id:
             targets = [m for m in live if m["id"] == memory_id]
             if not targets:
@@ -77,15 +96,9 @@ def forget(db: DB, ns: str, memory_id: str | None, content: str | None, dry_run:
             key = normalise(content)
             targets = [m for m in live if normalise(m["content"]) == key]
         if not dry_run:
-            t = now()
             for m in targets:
-                # Out of both indexes: no search can reach it again; the row stays for the history.
-                c.execute("DELETE FROM memories_fts WHERE rowid=?", (m["rowid"],))
-                c.execute("DELETE FROM vec_memories WHERE rowid=?", (m["rowid"],))
-                c.execute("UPDATE memories SET forgotten_at=?, expired_at=coalesce(expired_at, ?) WHERE rowid=?",
-                          (t, t, m["rowid"]))
-                db.history(c, ns, m["id"], "forgotten", None)
-    return {"dryRun": dry_run, "forgotten": [public(m) for m in targets]}
+                facts.forget(db, c, ns, m, erase=erase)
+    return {"dryRun": dry_run, "erased": erase, "forgotten": [public(m) for m in targets]}
 
 
 def profile(db: DB, ns: str) -> dict:
@@ -100,6 +113,7 @@ def profile(db: DB, ns: str) -> dict:
             "superseded": db.scalar("SELECT count(*) FROM memories WHERE ns=? AND valid_to IS NOT NULL"
                                     " AND forgotten_at IS NULL", (ns,)),
             "forgotten": db.scalar("SELECT count(*) FROM memories WHERE ns=? AND forgotten_at IS NOT NULL", (ns,)),
+            "erased": db.scalar("SELECT count(*) FROM memories WHERE ns=? AND erased_at IS NOT NULL", (ns,)),
         },
         "newestFacts": list_at(db, ns, None, limit=5),
     }

@@ -12,11 +12,13 @@ from smem.console import console_routes
 from smem.db import DB
 from smem.embed import MiniLMEmbedder, make_embedder
 from smem.haproxy import Syncer, WorkerDrain
-from smem.ingest import Pipeline, Worker
+from smem.ingest import Pipeline
 from smem.lanes import LaneChat, LaneEmbedder, LaneReranker, Lanes
 from smem.leases import Leases
 from smem.llm import LLMExtractor, LLMJudge
 from smem.mcp_server import mcp_routes
+from smem.ops import Ops
+from smem.workers import Supervisor
 
 
 class Busy(RuntimeError):
@@ -34,8 +36,12 @@ def embedder_identity(settings: Settings) -> tuple[str, int]:
     return "http:%s" % e["model"], int(e["dim"])
 
 
-def open_db(path: str, settings: Settings) -> DB:
-    return DB(path, *embedder_identity(settings))
+def open_db(path: str, settings: Settings, check_embedder: bool = True) -> DB:
+    """check_embedder False (token and backup tools, which read no vectors): an existing file opens
+    whatever its embedder; a new one is made with the configured one."""
+    if not check_embedder and os.path.exists(path):
+        return DB(path, None, None, settings.synchronous)
+    return DB(path, *embedder_identity(settings), settings.synchronous)
 
 
 def take_lock(db_path: str):
@@ -74,7 +80,10 @@ def build(db_path: str, settings: Settings, embedder=None, start_workers: bool =
     else:
         search_embedder = ingest_embedder = embedder or make_embedder(settings.embedder)
     pipeline = Pipeline(db, ingest_embedder, settings, extractor=extractor, judge=judge)
-    mcp, mcp_running = mcp_routes(db, pipeline, search_embedder, settings, reranker)
+    supervisor = Supervisor(pipeline, settings.workers) if start_workers else None
+    ops = Ops(db, settings, pipeline, search_embedder, reranker=reranker, leases=leases, lanes=lanes,
+              supervisor=supervisor)
+    mcp, mcp_running = mcp_routes(ops)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -83,21 +92,21 @@ def build(db_path: str, settings: Settings, embedder=None, start_workers: bool =
             worker_drain.reconcile()   # what changed while smem was down
             workers.append(Syncer(worker_drain, settings.haproxy_sync_s))
             workers[-1].start()
-        if start_workers:
+        if supervisor:
             pipeline.requeue_orphans()
-            ingest = [Worker(pipeline, "worker-%d" % i) for i in range(settings.workers)]
-            for w in ingest:
-                w.start()
-            workers += ingest
+            supervisor.start()
         async with mcp_running():
             yield
+        if supervisor:
+            supervisor.stop()
         for w in workers:
             w.stop()
         for w in workers:
             w.join(timeout=30)
+        db.close()   # the last connection checkpoints: a clean stop leaves no WAL behind
 
     app = create_app(db, search_embedder, settings, pipeline, lifespan=lifespan, lanes=lanes, leases=leases,
-                     reranker=reranker, extra_routes=[*mcp, *console_routes()])
+                     reranker=reranker, extra_routes=[*mcp, *console_routes()], ops=ops)
     # `smem mcp` (stdio) searches as the HTTP API does: the interactive lane and its reranker.
     app.state.search_embedder, app.state.reranker = search_embedder, reranker
     return app, pipeline

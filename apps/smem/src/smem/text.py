@@ -8,14 +8,32 @@ from datetime import datetime
 
 
 def estimate_tokens(text: str) -> int:
-    """ceil(characters / 4): the usual estimate for English under BPE tokenizers.
+    """ceil(ASCII characters / 4) + one per other character.
 
-    It is what budgetTokens is measured in; no tokenizer of the model that reads the
+    English under BPE and WordPiece tokenizers runs near four characters a token; CJK, kana, hangul
+    and Thai are about one token a character (or more), and other scripts fewer characters a token
+    than English. So a chunk bounded by this estimate stays within the embedder's tokens in any
+    script. It is also what budgetTokens is measured in: no tokenizer of the model that reads the
     context is known to smem, so the estimate errs the same way for every result."""
-    return max(1, math.ceil(len(text) / 4))
+    ascii_chars = sum(1 for ch in text if ch < "\x80")
+    return max(1, math.ceil(ascii_chars / 4) + len(text) - ascii_chars)
 
 
-_SENTENCE = re.compile(r"(?<=[.!?])\s+")
+# A sentence ends at . ! ? and a space, or at a CJK full stop, exclamation or question mark.
+_SENTENCE = re.compile(r"(?<=[.!?])\s+|(?<=[\u3002\uff01\uff1f])\s*")
+
+
+def _cut(word: str, limit: int):
+    """A run with no space in it (a long URL, CJK or Thai text), in pieces of at most `limit` tokens."""
+    start, ascii_chars, other = 0, 0, 0
+    for i, ch in enumerate(word):
+        a, o = (ascii_chars + 1, other) if ch < "\x80" else (ascii_chars, other + 1)
+        if i > start and math.ceil(a / 4) + o > limit:
+            yield word[start:i]
+            start, a, o = i, int(ch < "\x80"), int(ch >= "\x80")
+        ascii_chars, other = a, o
+    if start < len(word):
+        yield word[start:]
 
 
 def _pieces(paragraph: str, limit: int):
@@ -23,15 +41,26 @@ def _pieces(paragraph: str, limit: int):
         yield paragraph
         return
     for sentence in _SENTENCE.split(paragraph):
+        if not sentence:
+            continue
         if estimate_tokens(sentence) <= limit:
             yield sentence
             continue
-        words, cur = sentence.split(), []
-        for w in words:
+        cur: list[str] = []
+        used = 0
+        for w in sentence.split():
+            n = estimate_tokens(w)
+            if n > limit:
+                if cur:
+                    yield " ".join(cur)
+                    cur, used = [], 0
+                yield from _cut(w, limit)
+                continue
             if cur and estimate_tokens(" ".join([*cur, w])) > limit:
                 yield " ".join(cur)
-                cur = []
+                cur, used = [], 0
             cur.append(w)
+            used += n
         if cur:
             yield " ".join(cur)
 
