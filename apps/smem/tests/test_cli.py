@@ -21,9 +21,9 @@ APP_SRC = Path(__file__).resolve().parent.parent / "src"
 ENV = dict(os.environ, PYTHONPATH=str(APP_SRC))
 
 
-def smem(*args):
+def smem(*args, input_text: str | None = None):
     return subprocess.run([sys.executable, "-m", "smem", *args], check=False, env=ENV, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, input=input_text)
 
 
 def test_token_create_prints_a_scoped_token_and_stores_only_its_hash(tmp_path):

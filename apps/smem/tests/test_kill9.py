@@ -15,10 +15,10 @@ import httpx
 from smem import auth
 from smem.config import Settings
 from smem.service import open_db
-from smem.text import chunk
+from smem.text import units
 
 APP_SRC = Path(__file__).resolve().parent.parent / "src"
-DOCS = ["\n\n".join("Document %d, part %d: the ferry leaves the harbour at %d o'clock sharp. " % (d, p, p) * 10
+DOCS = ["\n\n".join("In document %d, part %d, the ferry leaves the harbour at %d o'clock sharp. " % (d, p, p) * 8
                     for p in range(6)) for d in range(4)]
 
 
@@ -91,7 +91,7 @@ def test_kill_9_mid_ingest_loses_nothing_and_duplicates_nothing(tmp_path):
 
     assert [r["status"] for r in db.rows("SELECT status FROM documents")] == ["done"] * len(DOCS)
     for doc_id, content in zip(accepted, DOCS, strict=True):
-        n = len(chunk(content, Settings().chunk_tokens))
+        n = len(units(content, Settings().chunk_tokens))
         assert db.scalar("SELECT count(*) FROM chunks WHERE document_id=?", (doc_id,)) == n
         assert db.scalar("SELECT count(DISTINCT seq) FROM chunks WHERE document_id=?", (doc_id,)) == n
     total = db.scalar("SELECT count(*) FROM chunks")

@@ -80,6 +80,19 @@ async def tools_work(c: Client, settle) -> None:
     found = ok(await c.call_tool("search", {"ns": "alice", "q": "where are tickets sold?", "mode": "chunks"}))
     assert [r["documentId"] for r in found["results"]] == [doc["id"]]
 
+    # ns left out: the token's one namespace. list_memories pages with a cursor.
+    made = [ok(await c.call_tool("add_memory", {"content": "Alice's fact number %d is about %s." % (i, w)}))["id"]
+            for i, w in enumerate(("kayaks", "lanterns", "orchards"))]
+    seen, cursor = [], None
+    while True:
+        page = ok(await c.call_tool("list_memories", {"limit": 2, **({"cursor": cursor} if cursor else {})}))
+        assert len(page["memories"]) <= 2
+        seen += [m["id"] for m in page["memories"]]
+        if not (cursor := page["nextCursor"]):
+            break
+    assert sorted(seen) == sorted(made) and len(seen) == len(set(seen))
+    assert "cursor" in refused(await c.call_tool("list_memories", {"cursor": "not-a-cursor"}), 400)
+
 
 async def scopes_hold(c: Client, svc) -> None:
     """alice's token cannot read or write namespace bob (which exists) or nobody (which does not), through

@@ -71,7 +71,7 @@ class API:
     async def _body(self, request: Request):
         # JSON can escape one byte of content as six (\u00e9): the body may be that much larger.
         cap = 6 * self.settings.max_document_bytes + 65536
-        too_large = TooLarge(413, "request body over %d bytes" % cap)
+        too_large = TooLarge(413, "request body over %d bytes (6 x max_document_bytes + 64 KiB)" % cap)
         if int(request.headers.get("content-length") or 0) > cap:
             await self._drain(request, 0)
             raise too_large

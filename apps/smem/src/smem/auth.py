@@ -101,6 +101,14 @@ def revoke(db: DB, token_id: str) -> dict:
     return _one(db, token_id)
 
 
+def token_id(db: DB, secret: str) -> str:
+    """The id of the live token with this secret."""
+    row = db.one("SELECT id FROM tokens WHERE hash=? AND revoked_at IS NULL", (digest(secret),))
+    if row is None:
+        raise NotFound("that secret is no live token's")
+    return row["id"]
+
+
 def rotate(db: DB, token_id: str) -> dict:
     """A new secret for a live token, same id, scopes and namespaces; the old secret is refused at once."""
     token = "smem_" + secrets.token_urlsafe(32)

@@ -140,12 +140,41 @@ def token_revoke(args) -> int:
 
 
 def token_rotate(args) -> int:
-    try:
-        print(auth.rotate(_tool_db(args), args.id)["token"])
-    except (NotFound, Conflict) as e:
-        print("smem: %s" % e, file=sys.stderr)
+    if (args.id is None) == (args.file is None):
+        print("smem: token rotate: give a token's ID or --file, not both", file=sys.stderr)
         return 2
+    try:
+        db = _tool_db(args)
+        if args.file is None:
+            print(auth.rotate(db, args.id)["token"])
+            return 0
+        if args.file == "-":   # the old secret on stdin, the new one on stdout (a root shell's files)
+            print(auth.rotate(db, auth.token_id(db, sys.stdin.read().strip()))["token"])
+            return 0
+        with open(args.file, encoding="utf-8") as f:
+            token_id = auth.token_id(db, f.read().strip())
+        rotated = auth.rotate(db, token_id)
+        _replace_secret(args.file, rotated["token"])
+    except (NotFound, Conflict, OSError) as e:
+        print("smem: token rotate: %s" % e, file=sys.stderr)
+        return 2
+    print("rotated %s: its new secret is in %s" % (token_id, args.file), file=sys.stderr)
     return 0
+
+
+def _replace_secret(path: str, secret: str) -> None:
+    """The file's new content, whole or not at all, with the old file's owner and mode."""
+    st = os.stat(path)
+    tmp = path + ".rotating"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, (secret + "\n").encode())
+        os.fchown(fd, st.st_uid, st.st_gid)
+        os.fchmod(fd, st.st_mode & 0o777)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
 
 
 def backup(args) -> int:
@@ -231,8 +260,11 @@ def _token_parsers(sub) -> None:
     tr = t.add_parser("revoke", help="refuse a token from now on")
     tr.add_argument("id")
     tr.set_defaults(func=token_revoke)
-    tt = t.add_parser("rotate", help="print a new secret for a token; the old one is refused at once")
-    tt.add_argument("id")
+    tt = t.add_parser("rotate", help="a new secret for a token (printed, or written to --file); the old one is "
+                                     "refused at once")
+    tt.add_argument("id", nargs="?")
+    tt.add_argument("--file", help="the token whose secret is in this file; the new secret replaces it there"
+                                      " (-: the old secret on stdin, the new one printed)")
     tt.set_defaults(func=token_rotate)
     for p in (tc, *t.choices.values()):
         if not any(a.dest == "db" for a in p._actions):

@@ -235,10 +235,13 @@ class DB:
         c.execute("BEGIN IMMEDIATE")
         try:
             yield c
+            c.execute("COMMIT")
         except BaseException:
-            c.execute("ROLLBACK")
+            # SQLite has rolled back already after some errors (SQLITE_FULL, SQLITE_IOERR): a second
+            # ROLLBACK would fail and hide the error that matters. A failed COMMIT leaves it open.
+            if c.in_transaction:
+                c.execute("ROLLBACK")
             raise
-        c.execute("COMMIT")
 
     def history(self, c, ns: str, memory_id: str, event: str, other_id: str | None = None, **detail) -> None:
         c.execute("INSERT INTO history(ns, memory_id, event, other_id, at, detail) VALUES (?,?,?,?,?,?)",

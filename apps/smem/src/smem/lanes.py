@@ -95,7 +95,8 @@ class Server:
         except httpx.HTTPError as e:
             raise NodeDown("%s: %s" % (url, str(e) or type(e).__name__)) from e
         if r.status_code >= 400 and _too_large(r):
-            raise InputTooLarge("%s answered %d: %s" % (url, r.status_code, self._text(r)))
+            raise InputTooLarge("%s: the input is too large for the model (answered %d: %s)"
+                                % (url, r.status_code, self._text(r)))
         if r.status_code >= 500:
             raise NodeDown("%s answered %d: %s" % (url, r.status_code, self._text(r)))
         if r.status_code == 401:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from datetime import datetime
 
 
@@ -23,40 +24,63 @@ def estimate_tokens(text: str) -> int:
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|(?<=[\u3002\uff01\uff1f])\s*")
 
 
+def _weights(ch: str) -> tuple[int, int]:
+    """(quarter tokens, whole tokens) of one character in chunk_tokens."""
+    if ch < "\x80":
+        return (1, 0) if ch.isalpha() or ch.isspace() else (0, 1)
+    return 0, len(unicodedata.normalize("NFD", ch))
+
+
+def chunk_tokens(text: str) -> int:
+    """What bounds a chunk: ceil(ASCII letters and spaces / 4) + one per ASCII digit or punctuation mark
+    + one per code point of every other character once decomposed (NFD).
+
+    Above estimate_tokens where embedders' tokenizers are: WordPiece and SentencePiece give digits and
+    punctuation a token each, and WordPiece (all-MiniLM-L6-v2) decomposes accents, kana marks and Hangul
+    syllables into pieces that cost a token each. A chunk within this stays within the model's tokens in
+    any script; what still does not (random letters) the node refuses, and that is the document's error."""
+    quarters = whole = 0
+    for ch in text:
+        q, w = _weights(ch)
+        quarters += q
+        whole += w
+    return max(1, math.ceil(quarters / 4) + whole)
+
+
 def _cut(word: str, limit: int):
     """A run with no space in it (a long URL, CJK or Thai text), in pieces of at most `limit` tokens."""
-    start, ascii_chars, other = 0, 0, 0
+    start, quarters, whole = 0, 0, 0
     for i, ch in enumerate(word):
-        a, o = (ascii_chars + 1, other) if ch < "\x80" else (ascii_chars, other + 1)
-        if i > start and math.ceil(a / 4) + o > limit:
+        q, w = _weights(ch)
+        if i > start and math.ceil((quarters + q) / 4) + whole + w > limit:
             yield word[start:i]
-            start, a, o = i, int(ch < "\x80"), int(ch >= "\x80")
-        ascii_chars, other = a, o
+            start, quarters, whole = i, 0, 0
+        quarters, whole = quarters + q, whole + w
     if start < len(word):
         yield word[start:]
 
 
 def _pieces(paragraph: str, limit: int):
-    if estimate_tokens(paragraph) <= limit:
+    if chunk_tokens(paragraph) <= limit:
         yield paragraph
         return
     for sentence in _SENTENCE.split(paragraph):
         if not sentence:
             continue
-        if estimate_tokens(sentence) <= limit:
+        if chunk_tokens(sentence) <= limit:
             yield sentence
             continue
         cur: list[str] = []
         used = 0
         for w in sentence.split():
-            n = estimate_tokens(w)
+            n = chunk_tokens(w)
             if n > limit:
                 if cur:
                     yield " ".join(cur)
                     cur, used = [], 0
                 yield from _cut(w, limit)
                 continue
-            if cur and estimate_tokens(" ".join([*cur, w])) > limit:
+            if cur and chunk_tokens(" ".join([*cur, w])) > limit:
                 yield " ".join(cur)
                 cur, used = [], 0
             cur.append(w)
@@ -73,7 +97,7 @@ def chunk(text: str, max_tokens: int = 200) -> list[str]:
         if not para:
             continue
         for piece in _pieces(" ".join(para.split()), max_tokens):
-            if cur and estimate_tokens("\n\n".join([*cur, piece])) > max_tokens:
+            if cur and chunk_tokens("\n\n".join([*cur, piece])) > max_tokens:
                 out.append("\n\n".join(cur))
                 cur = []
             cur.append(piece)
