@@ -313,14 +313,23 @@ def farm_status(job: str) -> dict:
     return json.loads(machine("host").check_output(f"farm status {job} --json"))
 
 
-def smem_admin(method: str, path: str, body: dict | None = None) -> dict:
-    """smem's admin API as the farm reaches it (its smem_url, its admin token), from the host."""
+def smem_as_farm(method: str, path: str, body: dict | None = None) -> dict:
+    """smem's lease routes as the farm reaches them (its smem_url, its token file), from the host."""
     host = machine("host")
     url = re.search(r'^smem_url = "(.+)"$', host.check_output("cat /etc/farm/farm.toml"), re.M).group(1)
     data = f" -H 'Content-Type: application/json' -d {shlex.quote(json.dumps(body))}" if body else ""
-    out = host.check_output(f"curl -sS -X {method} -H \"Authorization: Bearer $(cat /etc/smem/admin.token)\""
+    out = host.check_output(f"curl -sS -X {method} -H \"Authorization: Bearer $(cat /etc/farm/smem.token)\""
                             f"{data} {url}{path}")
     return json.loads(out) if out.strip() else {}
+
+
+def test_the_farm_holds_smems_lease_token_not_the_admin_token():
+    """(issue 27, point 4) The farm's token is smem's lease-only token: leases yes, namespace data no."""
+    host = machine("host")
+    assert host.file("/etc/farm/smem.token").content_string == host.file("/etc/smem/lease.token").content_string
+    assert host.file("/etc/farm/smem.token").content_string != host.file("/etc/smem/admin.token").content_string
+    assert "leases" in smem_as_farm("GET", "/v5/admin/leases")
+    assert "forbidden" in smem_as_farm("GET", "/v5/admin/tokens")["error"]
 
 
 def test_a_farm_job_whose_lease_smem_lent_elsewhere_stops_its_nodes_and_resumes():
@@ -339,8 +348,8 @@ def test_a_farm_job_whose_lease_smem_lent_elsewhere_stops_its_nodes_and_resumes(
         time.sleep(0.5)
     for _ in range(5):     # the farm may renew (take again) between the two calls: then once more
         [ours] = [lz for lz in farm_status(job)["leases"] if lz["released_at"] is None]
-        smem_admin("DELETE", f"/v5/admin/leases/{ours['id']}")
-        theirs = smem_admin("POST", "/v5/admin/leases", {"nodes": LEASE_NODES, "holder": "molecule",
+        smem_as_farm("DELETE", f"/v5/admin/leases/{ours['id']}")
+        theirs = smem_as_farm("POST", "/v5/admin/leases", {"nodes": LEASE_NODES, "holder": "molecule",
                                                          "ttlSeconds": 300})
         if "id" in theirs:
             break
@@ -356,7 +365,7 @@ def test_a_farm_job_whose_lease_smem_lent_elsewhere_stops_its_nodes_and_resumes(
         time.sleep(5)
         assert not any(c["state"] == "rendering" for c in farm_status(job)["chunks"]), farm_status(job)["chunks"]
     finally:
-        smem_admin("DELETE", f"/v5/admin/leases/{theirs['id']}")
+        smem_as_farm("DELETE", f"/v5/admin/leases/{theirs['id']}")
     while (v := farm_status(job))["job"]["state"] not in ("done", "failed", "cancelled"):
         assert time.monotonic() < deadline, v
         time.sleep(1)

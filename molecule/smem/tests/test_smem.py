@@ -1,5 +1,6 @@
 """Verify smem on the molecule lab (testinfra): the API on the host, the lanes' llama-servers on
-the nodes, ingest and search through them, a node down, a lease.
+the nodes, ingest and search through them, a node down, tokens (the lease token, a rotation, a
+revoke), the nightly backup, a lease.
 
 The tests run in file order: the last ones stop node 0 and lease node 4."""
 
@@ -167,20 +168,67 @@ def test_search_answers_degraded_with_an_interactive_node_down(token):
     assert any("Celery" in r["content"] for r in out["results"])
 
 
-def test_a_lease_needs_an_admin_token(token):
+@pytest.fixture(scope="module")
+def lease():
+    return HOST.check_output("cat /etc/smem/lease.token").strip()
+
+
+def test_a_lease_needs_the_lease_scope_and_the_lease_token_reads_nothing_else(token, lease):
     status, _ = api("POST", "/v5/admin/leases", token, {"nodes": ["vca-node4"], "holder": "x", "ttlSeconds": 60})
     assert status == 403
+    assert HOST.file("/etc/smem/lease.token").mode == 0o600
+    assert api("GET", "/v5/admin/leases", lease)[0] == 200
+    for path in ("/v5/ns/lab/memories", "/v5/admin/tokens", "/v5/admin/lanes"):
+        assert api("GET", path, lease)[0] == 403, path
 
 
-def test_a_lease_drains_a_background_node_and_gives_it_back(token, admin):
-    status, lease = api("POST", "/v5/admin/leases", admin,
+def test_the_admin_token_was_rotated_on_request(admin):
+    """converge raised smem_admin_token_generation to 2: same token, new secret, the first one refused."""
+    first = HOST.check_output("cat /root/admin.token.generation1").strip()
+    assert first != admin
+    assert HOST.check_output("cat /etc/smem/admin.token.generation").strip() == "2"
+    assert api("GET", "/v5/admin/tokens", first)[0] == 401
+    status, out = api("GET", "/v5/admin/tokens", admin)
+    assert status == 200
+    admins = [t for t in out["tokens"] if t["label"] == "ansible-admin"]
+    assert len(admins) == 1 and admins[0]["revokedAt"] is None
+    assert all("token" not in t and "hash" not in t for t in out["tokens"])   # never a secret
+
+
+def test_a_revoked_token_is_refused_at_once(admin):
+    status, made = api("POST", "/v5/admin/tokens", admin, {"namespaces": ["lab"], "label": "to-revoke"})
+    assert status == 201
+    assert api("GET", "/v5/ns/lab/memories", made["token"])[0] == 200
+    HOST.check_output(f"runuser -u smem -- smem token revoke {made['id']} --db {DB}")  # the CLI, the server's DB
+    assert api("GET", "/v5/ns/lab/memories", made["token"])[0] == 401
+    listed = HOST.check_output(f"runuser -u smem -- smem token list --db {DB}")
+    assert re.search(re.escape(made["id"]) + r".*revoked \d{4}-", listed), listed
+
+
+def test_the_nightly_backup_makes_a_checked_copy():
+    assert HOST.service("smem-backup.timer").is_enabled and HOST.service("smem-backup.timer").is_running
+    assert HOST.check_output("systemctl show -P Persistent smem-backup.timer") == "yes"
+    HOST.check_output("systemctl start smem-backup.service")       # oneshot: returns when the copy is made
+    newest = HOST.check_output("ls -1t /var/backups/smem/smem-*.db | head -1")
+    f = HOST.file(newest)
+    assert f.user == "smem" and f.mode == 0o600
+    check = ("import sys, apsw; from smem import archive; print(archive.check_backup(sys.argv[1]));"
+             "print(apsw.Connection(sys.argv[1]).execute('SELECT count(*) FROM documents WHERE content=?',"
+             " (sys.argv[2],)).fetchall()[0][0])")
+    version, copies = HOST.check_output("runuser -u smem -- /opt/smem/venv/bin/python -c %s %s %s" % (
+        shlex.quote(check), newest, shlex.quote(DOCS[0]))).split()
+    assert int(version) >= 5 and copies == "1"     # the document ingested above is in the copy
+
+
+def test_a_lease_drains_a_background_node_and_gives_it_back(token, lease):
+    status, lease_made = api("POST", "/v5/admin/leases", lease,
                         {"nodes": ["vca-node4"], "holder": "molecule", "ttlSeconds": 600})
-    assert status == 201 and lease["drained"] is True, lease
+    assert status == 201 and lease_made["drained"] is True, lease_made
     status, out = api("POST", "/v5/ns/lab/documents", token, {"content": "Leased nodes take no new calls."})
     assert status == 202
     time.sleep(10)
     status, doc = api("GET", f"/v5/ns/lab/documents/{out['id']}", token)
     assert doc["status"] != "done", doc                 # node 4 is the only background node: ingest waits
-    status, _ = api("DELETE", f"/v5/admin/leases/{lease['id']}", admin)
+    status, _ = api("DELETE", f"/v5/admin/leases/{lease_made['id']}", lease)
     assert status == 200
     assert wait_done(token, out["id"])["status"] == "done"

@@ -17,8 +17,7 @@ from smem.embed import EmbedderError
 from smem.errors import Conflict, NotFound
 from smem.lanes import Lanes
 from smem.leases import BadLease, Leases
-from smem.ops import _SEARCH as SEARCH_FIELDS
-from smem.ops import ADMIN_ONLY, FORBIDDEN, Ops, ServiceError, _schema, check_body, parse_json
+from smem.ops import ADMIN_ONLY, FORBIDDEN, SEARCH_FIELDS, Ops, ServiceError, check_body, object_schema, parse_json
 
 __all__ = ["ADMIN_ONLY", "FORBIDDEN", "HTTPError", "create_app"]
 log = logging.getLogger("smem.api")
@@ -27,10 +26,10 @@ HTTPError = ServiceError
 # Supermemory's /v3 and /v4 shapes: the namespace is the one container tag; rerank may be a boolean there.
 _TAGS = {"type": "array", "items": {"type": "string"}}
 _COMPAT_SEARCH = {**SEARCH_FIELDS, "rerank": {"enum": ["none", "order", True, False]}}
-V3_DOCUMENT = _schema({"content": {"type": "string"}, "containerTags": _TAGS, "metadata": {"type": "object"},
+V3_DOCUMENT = object_schema({"content": {"type": "string"}, "containerTags": _TAGS, "metadata": {"type": "object"},
                        "customId": {"type": "string", "minLength": 1, "maxLength": 255}}, ["content", "containerTags"])
-V3_SEARCH = _schema({**_COMPAT_SEARCH, "containerTags": _TAGS}, ["q", "containerTags"])
-V4_SEARCH = _schema({**_COMPAT_SEARCH, "containerTag": {"type": "string"}}, ["q", "containerTag"])
+V3_SEARCH = object_schema({**_COMPAT_SEARCH, "containerTags": _TAGS}, ["q", "containerTags"])
+V4_SEARCH = object_schema({**_COMPAT_SEARCH, "containerTag": {"type": "string"}}, ["q", "containerTag"])
 
 
 def _compat_search(b: dict, mode: str) -> dict:

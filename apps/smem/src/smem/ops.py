@@ -28,29 +28,30 @@ class ServiceError(Exception):
         self.message = message
 
 
-def _schema(props: dict, required=()) -> Draft202012Validator:
+def object_schema(props: dict, required=()) -> Draft202012Validator:
+    """A validator of a JSON object with exactly these properties (unknown ones refused)."""
     return Draft202012Validator({"type": "object", "additionalProperties": False, "properties": props,
                                  "required": list(required)})
 
 
 _TIME = {"type": "string", "minLength": 1}
-DOCUMENT = _schema({"content": {"type": "string"}, "metadata": {"type": "object"},
+DOCUMENT = object_schema({"content": {"type": "string"}, "metadata": {"type": "object"},
                     "customId": {"type": "string", "minLength": 1, "maxLength": 255}, "validAt": _TIME}, ["content"])
-_SEARCH = {"q": {"type": "string", "minLength": 1}, "mode": {"enum": list(MODES)},
+SEARCH_FIELDS = {"q": {"type": "string", "minLength": 1}, "mode": {"enum": list(MODES)},
            "limit": {"type": "integer", "minimum": 1}, "asOf": _TIME, "rerank": {"enum": ["none", "order"]},
            "threshold": {"type": "number", "minimum": 0, "maximum": 1},
            "budgetTokens": {"type": "integer", "minimum": 1}}
-SEARCH = _schema(_SEARCH, ["q"])
-MEMORY = _schema({"content": {"type": "string", "minLength": 1}, "validAt": _TIME,
+SEARCH = object_schema(SEARCH_FIELDS, ["q"])
+MEMORY = object_schema({"content": {"type": "string", "minLength": 1}, "validAt": _TIME,
                   "supersedes": {"type": "string", "minLength": 1}, "metadata": {"type": "object"}}, ["content"])
-FORGET = _schema({"id": {"type": "string", "minLength": 1}, "content": {"type": "string", "minLength": 1},
+FORGET = object_schema({"id": {"type": "string", "minLength": 1}, "content": {"type": "string", "minLength": 1},
                   "dryRun": {"type": "boolean"}, "erase": {"type": "boolean"}})
-LEASE = _schema({"nodes": {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
+LEASE = object_schema({"nodes": {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
                  "holder": {"type": "string", "minLength": 1, "maxLength": 200},
                  "ttlSeconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 30 * 86400}},
                 ["nodes", "holder", "ttlSeconds"])
-RENEW = _schema({"ttlSeconds": LEASE.schema["properties"]["ttlSeconds"]}, ["ttlSeconds"])
-TOKEN = _schema({"namespaces": {"type": "array", "items": {"type": "string"}},
+RENEW = object_schema({"ttlSeconds": LEASE.schema["properties"]["ttlSeconds"]}, ["ttlSeconds"])
+TOKEN = object_schema({"namespaces": {"type": "array", "items": {"type": "string"}},
                  "scopes": {"type": "array", "minItems": 1, "items": {"enum": list(auth.SCOPES)}},
                  "admin": {"type": "boolean"}, "label": {"type": "string", "maxLength": 200}})
 
