@@ -36,6 +36,10 @@ if [ ${#missing[@]} -gt 0 ]; then
     if [[ " ${missing[*]} " == *" rabbitmq-server "* ]] && [ -d /run/systemd/system ]; then
         systemctl disable --now rabbitmq-server.service epmd.socket epmd.service >/dev/null 2>&1 || true
     fi
+    # Prometheus too (on :9090 of every address): the tests need only promtool.
+    if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+        systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+    fi
 fi
 
 [[ " $groups " == *" molecule "* || " $groups " == *" lab "* ]] || exit 0

@@ -8,7 +8,7 @@ import apsw
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from smem import __version__, auth
@@ -17,6 +17,7 @@ from smem.embed import EmbedderError
 from smem.errors import Conflict, NotFound
 from smem.lanes import Lanes
 from smem.leases import BadLease, Leases
+from smem.metrics import CONTENT_TYPE
 from smem.ops import ADMIN_ONLY, FORBIDDEN, SEARCH_FIELDS, Ops, ServiceError, check_body, object_schema, parse_json
 
 __all__ = ["ADMIN_ONLY", "FORBIDDEN", "HTTPError", "create_app"]
@@ -121,6 +122,11 @@ class API:
                "embedder": self.ops.embedder.name, **{k: h[k] for k in ("workers", "queue", "problems")}}
         return JSONResponse(out, status_code=200 if h["ok"] else 503)
 
+    async def metrics(self, request):
+        p = await self._principal(request)
+        text = await run_in_threadpool(self.ops.metrics_text, p)
+        return Response(text, media_type=CONTENT_TYPE)
+
     async def add_memory(self, request):
         p = await self._principal(request)
         b = await self._body(request)
@@ -154,6 +160,7 @@ class API:
             return Route(path, w(handler), methods=[method])
         return [
             route("/healthz", self.healthz, "GET"),
+            route("/metrics", self.metrics, "GET"),
             route("/v5/namespaces", self.op(lambda p: {"namespaces": o.namespaces(p)}), "GET"),
             route("/v5/ns/{ns}/documents", self.op(o.add_document, "ns", body=True, code=202), "POST"),
             route("/v5/ns/{ns}/documents", self.op(o.list_documents, "ns", status=q("status"), limit=q("limit"),

@@ -19,7 +19,8 @@ def digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-SCOPES = ("read", "write", "lease")   # lease: the leases routes only, no namespace data
+# lease: the leases routes only; metrics: GET /metrics only (a Prometheus scrape); neither reads namespace data
+SCOPES = ("read", "write", "lease", "metrics")
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,8 @@ def _check(namespaces: list[str], admin: bool, scopes: list[str]) -> None:
     if data and not namespaces:
         raise ValueError("a token with the %s scope needs at least one --ns (or --admin)" % "/".join(sorted(data)))
     if not data and namespaces:
-        raise ValueError("a lease-only token has no namespaces: drop --ns, or add --scope read or write")
+        raise ValueError("a token with only the %s scope has no namespaces: drop --ns, or add --scope read or write"
+                         % "/".join(sorted(scopes)))
 
 
 def create_token(db: DB, namespaces: list[str], admin: bool = False, label: str | None = None,

@@ -7,12 +7,14 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import time
 
 from jsonschema import Draft202012Validator
 
 from smem import auth, facts, memories
 from smem.db import DB, parse_time
 from smem.errors import NotFound
+from smem.metrics import Metrics
 from smem.search import MODES, search
 
 log = logging.getLogger("smem.ops")
@@ -132,9 +134,11 @@ def decode_cursor(cursor: str | None) -> list | None:
 
 class Ops:
     def __init__(self, db: DB, settings, pipeline, embedder, *, reranker=None, leases=None, lanes=None,
-                 supervisor=None):
+                 supervisor=None, metrics: Metrics | None = None):
         self.db, self.settings, self.pipeline, self.embedder = db, settings, pipeline, embedder
         self.reranker, self.leases, self.lanes, self.supervisor = reranker, leases, lanes, supervisor
+        self.metrics = metrics or Metrics()
+        self.metrics.bind(self)
 
     # -- who may do what -------------------------------------------------------------------
     @staticmethod
@@ -242,9 +246,12 @@ class Ops:
         limit = b.get("limit")
         if limit is not None and limit > self.settings.max_limit:
             raise ServiceError(400, "limit: at most %d" % self.settings.max_limit)
-        return search(self.db, self.embedder, self.settings, ns, b["q"], mode=b.get("mode", "hybrid"), limit=limit,
-                      as_of=time_field(b.get("asOf"), "asOf"), rerank=b.get("rerank", "none"),
-                      threshold=b.get("threshold"), budget_tokens=b.get("budgetTokens"), reranker=self.reranker)
+        mode, t = b.get("mode", "hybrid"), time.perf_counter()
+        out = search(self.db, self.embedder, self.settings, ns, b["q"], mode=mode, limit=limit,
+                     as_of=time_field(b.get("asOf"), "asOf"), rerank=b.get("rerank", "none"),
+                     threshold=b.get("threshold"), budget_tokens=b.get("budgetTokens"), reranker=self.reranker)
+        self.metrics.searched(mode, time.perf_counter() - t, out["degraded"])
+        return out
 
     def add_memory(self, p, ns: str | None, body: dict) -> dict:
         ns = self.ns(p, ns, "write")
@@ -328,6 +335,10 @@ class Ops:
     def lanes_report(self, p) -> dict:
         self.admin(p)
         return {"lanes": self.lanes.report()}
+
+    def metrics_text(self, p) -> bytes:
+        self.scope(p, "metrics")
+        return self.metrics.render()
 
     # -- health ----------------------------------------------------------------------------
     def health(self) -> dict:

@@ -17,6 +17,7 @@ from smem.lanes import LaneChat, LaneEmbedder, LaneReranker, Lanes
 from smem.leases import Leases
 from smem.llm import LLMExtractor, LLMJudge
 from smem.mcp_server import mcp_routes
+from smem.metrics import Metrics
 from smem.ops import Ops
 from smem.workers import Supervisor
 
@@ -80,9 +81,10 @@ def build(db_path: str, settings: Settings, embedder=None, start_workers: bool =
     else:
         search_embedder = ingest_embedder = embedder or make_embedder(settings.embedder)
     pipeline = Pipeline(db, ingest_embedder, settings, extractor=extractor, judge=judge)
-    supervisor = Supervisor(pipeline, settings.workers) if start_workers else None
+    metrics = Metrics()
+    supervisor = Supervisor(pipeline, settings.workers, on_done=metrics.job_done) if start_workers else None
     ops = Ops(db, settings, pipeline, search_embedder, reranker=reranker, leases=leases, lanes=lanes,
-              supervisor=supervisor)
+              supervisor=supervisor, metrics=metrics)
     mcp, mcp_running = mcp_routes(ops)
 
     @contextlib.asynccontextmanager

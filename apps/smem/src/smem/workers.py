@@ -16,9 +16,9 @@ log = logging.getLogger("smem.workers")
 
 
 class Worker(threading.Thread):
-    def __init__(self, pipeline: Pipeline, name: str):
+    def __init__(self, pipeline: Pipeline, name: str, on_done=None):
         super().__init__(name=name, daemon=True)
-        self.pipeline = pipeline
+        self.pipeline, self.on_done = pipeline, on_done   # on_done(job): a document's job reached done
         self.stopping = threading.Event()
         self.beat = time.monotonic()      # the loop's last turn
         self.failures = 0                 # database errors in a row (0: the last turn went well)
@@ -39,6 +39,8 @@ class Worker(threading.Thread):
         self.pipeline.run_job(job)
         self.held = None
         self.failures = 0
+        if job["stage"] == "done" and self.on_done:
+            self.on_done(job)
 
     def run(self) -> None:
         s = self.pipeline.settings
@@ -63,10 +65,10 @@ class Worker(threading.Thread):
 class Supervisor(threading.Thread):
     """Starts the workers, restarts any that died (its jobs back to the queue first), stops them."""
 
-    def __init__(self, pipeline: Pipeline, count: int, check_s: float = 1.0):
+    def __init__(self, pipeline: Pipeline, count: int, check_s: float = 1.0, on_done=None):
         super().__init__(name="smem-supervisor", daemon=True)
-        self.pipeline, self.check_s = pipeline, check_s
-        self.workers = [Worker(pipeline, "worker-%d" % i) for i in range(count)]
+        self.pipeline, self.check_s, self.on_done = pipeline, check_s, on_done
+        self.workers = [Worker(pipeline, "worker-%d" % i, on_done) for i in range(count)]
         self.restarts = dict.fromkeys((w.name for w in self.workers), 0)
         self.stopping = threading.Event()
 
@@ -86,7 +88,7 @@ class Supervisor(threading.Thread):
                     log.error("%s died; its jobs cannot be put back yet: %s", w.name, e)
                     continue
                 log.error("%s died (its %d job(s) back in the queue); restarting it", w.name, n)
-                fresh = Worker(self.pipeline, w.name)
+                fresh = Worker(self.pipeline, w.name, self.on_done)
                 fresh.start()
                 self.workers[i] = fresh
                 self.restarts[w.name] += 1
