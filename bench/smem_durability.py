@@ -27,10 +27,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "apps" / "smem" / "src"))
 
-from smem.config import Settings  # noqa: E402
-from smem.db import DB  # noqa: E402
-from smem.embed import MiniLMEmbedder  # noqa: E402
-from smem.ingest import Pipeline  # noqa: E402
+from smem.config import Settings
+from smem.db import DB
+from smem.embed import MiniLMEmbedder
+from smem.ingest import Pipeline
 
 TEXT = ("Note {i}: the {team} team met on day {i} to plan the release of build {b}. They agreed to move the "
         "{part} work to next week, and {name} will write up the open questions for the review.")

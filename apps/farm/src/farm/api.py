@@ -9,6 +9,7 @@ token.
     DELETE /v1/jobs/{id}   202 {id, cancel: "requested"}; 409 if it is not live
     GET    /v1/bundles/{hash}             a tar of work_dir/bundles/<hash> (either token)
     PUT    /v1/jobs/{id}/parts/{name}     X-Content-SHA256; into parts_dir/<id>/ (the worker token)
+    GET    /metrics        Prometheus text (the metrics token, or the API token): farm.metrics
 
 No token (or an unknown one): 401; a token of the wrong kind: 403.
 """
@@ -27,10 +28,10 @@ from pathlib import Path
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse
+from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from farm import remotion, transport
+from farm import metrics, remotion, transport
 from farm.config import Settings
 from farm.db import DB, LIVE
 from farm.jobs import check_nodes, project_spec, submit
@@ -42,11 +43,14 @@ def error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
-def build(s: Settings, token: str, worker_token: str | None = None) -> Starlette:
+def build(s: Settings, token: str, worker_token: str | None = None, metrics_token: str | None = None) -> Starlette:
     db = DB(s.db_path)
     if worker_token == token:
         raise ValueError("the worker token must differ from the API token")
-    tokens = {"api": token, "worker": worker_token}
+    if metrics_token and metrics_token in (token, worker_token):
+        raise ValueError("the metrics token must differ from the API and worker tokens")
+    tokens = {"api": token, "worker": worker_token, "metrics": metrics_token}
+    scrape = metrics.registry(db)
 
     def refused(request: Request, *kinds: str) -> JSONResponse | None:
         got = request.headers.get("authorization", "").encode()
@@ -115,7 +119,13 @@ def build(s: Settings, token: str, worker_token: str | None = None) -> Starlette
             return error(413, "a part is at most max_part_bytes (%d bytes)" % s.max_part_bytes)
         return await _store_part(request, Path(s.parts_dir) / jid, name, want, s.max_part_bytes)
 
+    async def prometheus(request: Request):
+        if denied := refused(request, "metrics", "api"):
+            return denied
+        return Response(await run_in_threadpool(metrics.render, scrape), media_type=metrics.CONTENT_TYPE)
+
     return Starlette(routes=[Route("/v1/jobs", create, methods=["POST"]), Route("/v1/jobs", listing, methods=["GET"]),
+                             Route("/metrics", prometheus, methods=["GET"]),
                              Route("/v1/jobs/{id}", one, methods=["GET"]),
                              Route("/v1/jobs/{id}", cancel, methods=["DELETE"]),
                              Route("/v1/bundles/{hash}", bundle, methods=["GET"]),
@@ -193,6 +203,6 @@ def serve(s: Settings) -> int:
     if not s.api_token_file:
         raise SystemExit("farm api: api_token_file is required (the bearer token)")
     host, port = listen_address(s)
-    app = build(s, Path(s.api_token_file).read_text().strip(), s.worker_token())
+    app = build(s, Path(s.api_token_file).read_text().strip(), s.worker_token(), s.metrics_token())
     uvicorn.run(app, host=host, port=port, log_level="info")
     return 0

@@ -36,6 +36,7 @@ class Settings:
     host_url: str | None = None           # the farm API as the workers reach it (http://172.31.1.254:8790): bundles
                                           # fetched by hash, parts uploaded; None: host and nodes share the dirs
     worker_token_file: str | None = None  # the workers' bearer token (bundles and parts only)
+    metrics_token_file: str | None = None  # a Prometheus scrape's bearer token (GET /metrics only)
     cache_dir: str = "/var/cache/farm"    # a worker's own: bundles/<hash>, parts/<job>/ before upload
     bundle_cache_keep: int = 4            # bundles a worker keeps (least recently used go first)
     attempts: int = 3                     # per chunk, every delivery that started or was lost counts
@@ -151,6 +152,9 @@ class Settings:
 
     def worker_token(self) -> str | None:
         return Path(self.worker_token_file).read_text().strip() if self.worker_token_file else None
+
+    def metrics_token(self) -> str | None:
+        return Path(self.metrics_token_file).read_text().strip() if self.metrics_token_file else None
 
     def smem_token(self) -> str | None:
         if not (self.smem_url and self.smem_token_file):
