@@ -96,7 +96,7 @@ def test_jobs_chunks_attempts_requeues_failures_and_progress(farm):
     assert got[("farm_requeues", (("cause", "failed"),))] == 0
     assert got[("farm_node_failures", (("node", "vca-node1"),))] == 1
     assert got[("farm_blocklisted_jobs", (("node", "vca-node1"),))] == 1
-    age = got[("farm_job_last_progress_age_seconds", (("job", jid),))]
+    age = got[("farm_job_last_progress_age_seconds", (("job_id", jid),))]
     assert 19 <= age < 60, age            # the last report, 20 s ago: not the start nor the done chunk
 
     with db.tx() as c:

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import AGENT_TOKEN
 from vcamon import agent as agent_module
@@ -231,9 +232,12 @@ def test_an_agent_is_not_started_with_a_bad_token(node_tree, token):
 def test_the_token_file_reaches_the_agent(node_tree, tmp_path, monkeypatch):
     (tmp_path / "token").write_text(AGENT_TOKEN + "\n")
     seen = {}
-    monkeypatch.setattr(agent_module, "serve", lambda *args, token=None: seen.update(args=args, token=token))
+    monkeypatch.setattr(agent_module, "serve", lambda *args, token=None, filesystems=None: seen.update(
+        args=args, token=token, filesystems=filesystems))
     assert main(["agent", "--node", "n", "--listen", "127.0.0.1:0", "--token-file", str(tmp_path / "token")]) == 0
-    assert seen["token"] == AGENT_TOKEN
+    assert seen["token"] == AGENT_TOKEN and seen["filesystems"] == ["/"]
+    main(["agent", "--node", "n", "--listen", "127.0.0.1:0", "--filesystem", "/var", "--filesystem", "/srv"])
+    assert seen["filesystems"] == ["/var", "/srv"]
     main(["agent", "--node", "n", "--listen", "127.0.0.1:0"])
     assert seen["token"] is None                          # no --token-file: as before, open
 
@@ -257,3 +261,13 @@ def test_a_missing_empty_or_unreadable_token_file_stops_the_agent(node_tree, tmp
         assert proc.returncode != 0, name
         assert len(lines) == 1 and lines[0].startswith("vcamon agent: token file %s" % path), (name, lines)
         assert words in lines[0] and AGENT_TOKEN not in lines[0], (name, lines)
+
+
+def test_free_space_of_each_filesystem_asked_for(tmp_path):
+    text = exposition(Sensors(str(tmp_path), filesystems=(str(tmp_path), "/no/such/mount")), "vca-host").decode()
+    st = os.statvfs(tmp_path)
+    got = {(s.name, s.labels.get("mountpoint")): s.value for f in text_string_to_metric_families(text)
+           for s in f.samples}
+    assert got[("vcamon_filesystem_size_bytes", str(tmp_path))] == st.f_blocks * st.f_frsize
+    assert 0 < got[("vcamon_filesystem_free_bytes", str(tmp_path))] <= st.f_blocks * st.f_frsize
+    assert ("vcamon_filesystem_free_bytes", "/no/such/mount") not in got

@@ -60,7 +60,7 @@ class _Farm:
         # A running job's last sign of life: a chunk done, or a worker's report of an attempt.
         progress = GaugeMetricFamily("farm_job_last_progress_age_seconds",
                                      "Seconds since a running job's last chunk finished or attempt reported",
-                                     labels=["job"])
+                                     labels=["job_id"])   # "job" is the scrape's own label
         for r in db.rows("SELECT j.id, max(coalesce(j.started_at, j.created_at),"
                          " coalesce((SELECT max(done_at) FROM chunks WHERE job_id=j.id), 0),"
                          " coalesce((SELECT max(heard_at) FROM attempts WHERE job_id=j.id), 0)) AS at"

@@ -16,6 +16,7 @@ Given a token (--token-file), it answers only requests that carry it as
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import threading
 import time
@@ -78,8 +79,10 @@ class PowerMeter:
 class Sensors:
     """One reading of a node: temperatures, package power, limits, throttle counters, vcactl states."""
 
-    def __init__(self, sysfs_root="/sys", vcactl=None, clock=time.monotonic, sample_interval=5.0):
+    def __init__(self, sysfs_root="/sys", vcactl=None, clock=time.monotonic, sample_interval=5.0,
+                 filesystems=("/",)):
         self.sysfs = Sysfs(sysfs_root)
+        self.filesystems = tuple(filesystems)
         self.vcactl = vcactl
         self.clock = clock
         self.meter = PowerMeter()
@@ -98,6 +101,17 @@ class Sensors:
             return None
         with self.lock:
             return self.meter.update(int(energy), int(top), self.clock())
+
+    def free_space(self):
+        """{mountpoint: (bytes free to unprivileged users, size)}; a path that is not there is left out."""
+        out = {}
+        for path in self.filesystems:
+            try:
+                st = os.statvfs(path)
+            except OSError:
+                continue
+            out[path] = (st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize)
+        return out
 
     def vca_states(self):
         """vcactl status per node (host only), read at most once per sample interval."""
@@ -138,6 +152,7 @@ class Sensors:
             "throttle": throttle_counts(self.sysfs),
             "vca": self.vca_states(),
             "platform": self.platform(),
+            "filesystems": self.free_space(),
         }
 
 
@@ -201,6 +216,13 @@ def families(reading, node):
         out.append(_throttle_family(throttle))
     if reading["vca"] is not None:
         out.append(_vca_family(reading["vca"]))
+    if reading.get("filesystems"):
+        free = GaugeMetricFamily("vcamon_filesystem_free_bytes", "free space a service may use", labels=["mountpoint"])
+        size = GaugeMetricFamily("vcamon_filesystem_size_bytes", "the filesystem's size", labels=["mountpoint"])
+        for path, (avail, total) in sorted(reading["filesystems"].items()):
+            free.add_metric([path], avail)
+            size.add_metric([path], total)
+        out += [free, size]
     return out
 
 
@@ -222,14 +244,14 @@ def exposition(sensors, node):
 
 
 def start_agent(listen, node, sysfs_root="/sys", vcactl=None, sample_interval=5.0, *, token=None,
-                clock=time.monotonic):
+                clock=time.monotonic, filesystems=("/",)):
     """The agent's HTTP server (not yet serving) and the event that stops its power sampler.
 
     With token, every request must carry it (Authorization: Bearer), else 401.
     """
     if token is not None:
         check_token(token)     # configured but empty or malformed: refuse to start, never serve it open
-    sensors = Sensors(sysfs_root, vcactl, clock=clock, sample_interval=sample_interval)
+    sensors = Sensors(sysfs_root, vcactl, clock=clock, sample_interval=sample_interval, filesystems=filesystems)
     stop = threading.Event()
 
     def sampler():
@@ -278,9 +300,10 @@ def start_agent(listen, node, sysfs_root="/sys", vcactl=None, sample_interval=5.
     return server, stop
 
 
-def serve(listen, node, sysfs_root="/sys", vcactl=None, sample_interval=5.0, *, token=None):
+def serve(listen, node, sysfs_root="/sys", vcactl=None, sample_interval=5.0, *, token=None, filesystems=("/",)):
     """Run the agent until interrupted."""
-    server, stop = start_agent(listen, node, sysfs_root, vcactl, sample_interval, token=token)
+    server, stop = start_agent(listen, node, sysfs_root, vcactl, sample_interval, token=token,
+                               filesystems=filesystems)
     LOG.info("vcamon agent for %s on %s (%s:%d, sysfs %s)%s", node, listen, *server.server_address[:2], sysfs_root,
              "; token required" if token else "")
     try:

@@ -76,6 +76,8 @@ def parser():
                    help="seconds between energy readings; vcactl and the platform are read at most this often")
     a.add_argument("--token-file", help="a file holding this agent's token: every request must then carry it "
                    "(Authorization: Bearer), else 401")
+    a.add_argument("--filesystem", action="append", dest="filesystems",
+                   help="a mountpoint whose free space to report (repeat; default /)")
 
     c = sub.add_parser("collector", help="scrape the agents into SQLite and serve the web page")
     c.add_argument("--db", default=DEFAULT_DB)
@@ -114,7 +116,8 @@ def main(argv=None):
             token = read_token_file(args.token_file) if args.token_file else None
         except ValueError as exc:
             sys.exit("vcamon agent: %s" % exc)
-        agent.serve(args.listen, args.node, args.sysfs_root, args.vcactl, args.sample_interval, token=token)
+        agent.serve(args.listen, args.node, args.sysfs_root, args.vcactl, args.sample_interval, token=token,
+                    filesystems=args.filesystems or ["/"])
     elif args.command == "collector":
         os.makedirs(os.path.dirname(os.path.abspath(args.db)), exist_ok=True)
         try:
