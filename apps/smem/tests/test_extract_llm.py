@@ -9,7 +9,7 @@ import re
 import pytest
 
 from conftest import JSONStub, lane_settings
-from smem.llm import EXTRACT_PROMPT, FACTS_SCHEMA, prompt_hash
+from smem.llm import EXTRACT_PROMPT, FACTS_SCHEMA, LINES_PROMPT, lines_schema, prompt_hash
 
 
 def stages(svc, doc):
@@ -29,11 +29,11 @@ def test_real_llm_extracts_facts_and_judges_them(llama_embed, llama_chat, lane_s
     d = stages(svc, first)
     assert d["status"] == "done", d
     made = mems(svc, first)
-    assert made and d["job"]["stages"]["extract"] == {"state": "done", "facts": len(made),
+    assert made and d["job"]["stages"]["extract"] == {"state": "done", "facts": len(made), "windows": 1,
                                                       "model": "smollm2-135m-instruct"}
     for m in made:
         assert (m["origin"], m["model"], m["indexed"]) == ("extracted", "smollm2-135m-instruct", 1)
-        assert m["prompt_hash"] == prompt_hash(EXTRACT_PROMPT, FACTS_SCHEMA)
+        assert m["prompt_hash"] == prompt_hash([EXTRACT_PROMPT, LINES_PROMPT], [FACTS_SCHEMA, lines_schema(0)])
         assert re.fullmatch(r"sha256:[0-9a-f]{64}", m["prompt_hash"])
     listed = svc.call("GET", "/v5/ns/alice/memories").json()["memories"]
     assert {m["id"] for m in listed} == {m["id"] for m in made}
@@ -105,7 +105,7 @@ def test_an_answer_that_fails_validation_fails_the_document_never_done(llama_emb
     stub = stub_chat(answer)
     svc = lane_service(lane_settings({"i0": {"embed": llama_embed.url}},
                                      {"b0": {"embed": llama_embed.url, "chat": stub.url}},
-                                     chat=True, chunk_tokens=8, llm_retries=2))
+                                     chat=True, chunk_tokens=8, llm_retries=2, extract_window_tokens=8))
     doc = svc.ingest("alice", "Alpha: Ann lives in Oslo.\n\nBeta: Ann plays the cello.")
     chunks = svc.db.rows("SELECT id FROM chunks WHERE document_id=? ORDER BY seq", (doc,))
     assert len(chunks) == 2
@@ -115,7 +115,9 @@ def test_an_answer_that_fails_validation_fails_the_document_never_done(llama_emb
     assert "not valid against the schema" in d["error"] and "cut off at max_tokens" in d["error"]
     extract = d["job"]["stages"]["extract"]
     assert extract["state"] == "failed" and extract["chunksDone"] == 1 and extract["facts"] == 1
-    assert extract["failedChunk"] == chunks[1]["id"] and extract["reason"] in d["error"]
+    assert extract["windows"] == [[0, 1], [1, 2]] and extract["windowsDone"] == 1
+    assert extract["failedChunk"] == chunks[1]["id"] and extract["failedWindow"] == [1, 2]
+    assert extract["reason"] in d["error"]
     assert d["job"]["attempts"] == 1 and "index" not in d["job"]["stages"]    # no more attempts: it is final
     assert len(stub.calls) == 4
     assert mems(svc) == []          # none from the failed chunk, and none of the chunk before it
@@ -172,3 +174,36 @@ def test_the_judge_supersedes_and_extends_and_checks_its_target(llama_embed, stu
     d = stages(svc, doc)
     assert d["status"] == "failed" and d["error"].startswith("judge: the LLM's answer failed validation 2 times")
     assert mems(svc, doc) == [] and [k for k, _ in stub.calls[-2:]] == ["judge", "judge"]
+
+
+def test_a_session_is_one_call_not_one_a_turn(llama_embed, stub_chat, lane_service, tmp_path):
+    """Extraction over windows: a transcript that fits extract_window_tokens is asked about once, its turns
+    numbered, with a schema of exactly one list a turn; each fact's source is the turn its list stands for.
+    With extract_window_tokens = 0, once a turn (as before windows)."""
+    seen = []
+
+    def answer(kind, text, schema):
+        seen.append(schema)
+        lines = text.splitlines()
+        if "lines" in schema["properties"]:   # "1. Ann: I moved to Oslo." -> [["I moved to Oslo."], ...]
+            return json.dumps({"lines": [[ln.split(": ", 1)[1]] for ln in lines]}), "stop"
+        return facts(*(ln.split(": ", 1)[1] for ln in lines))
+    turns = ["Ann: I moved to Oslo.", "Bo: Nice, I live in Bergen.", "Ann: I play the cello.", "Bo: I sing."]
+    numbered = "\n".join("%d. %s" % (i + 1, t) for i, t in enumerate(turns))
+    for window, calls in ((800, [("extract", numbered)]), (0, [("extract", t) for t in turns])):
+        seen.clear()
+        stub = stub_chat(answer)
+        svc = lane_service(lane_settings({"i0": {"embed": llama_embed.url}},
+                                         {"b0": {"embed": llama_embed.url, "chat": stub.url}},
+                                         chat=True, near_duplicate=0.999, extract_window_tokens=window),
+                           path=tmp_path / ("window-%d.db" % window))
+        doc = svc.ingest("alice", "\n\n".join(turns))
+        assert stages(svc, doc)["status"] == "done"
+        assert stub.calls == calls
+        if window:
+            assert seen[0]["properties"]["lines"]["minItems"] == seen[0]["properties"]["lines"]["maxItems"] == 4
+        chunks = {r["id"]: r["content"] for r in svc.db.rows("SELECT id, content FROM chunks")}
+        made = mems(svc, doc)
+        assert len(made) == 4
+        for m in made:
+            assert chunks[m["source_chunk_id"]].endswith(m["content"])

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from smem.text import estimate_tokens
+from smem.config import Settings
+from smem.search import search
+from smem.text import estimate_tokens, speaker
 
 DOCS = [
     "The quarterly report says the Oslo office doubled its revenue.",
@@ -114,3 +116,33 @@ def test_a_transcript_is_a_chunk_a_turn_indexed_with_its_neighbours_and_date(svc
     out = svc.search("alice", "Biscuit", mode="chunks", budgetTokens=estimate_tokens(turns[2]))
     assert out["usedTokens"] == sum(estimate_tokens(r["content"]) for r in out["results"]) <= estimate_tokens(turns[2])
     assert svc.search("alice", "May 2023", mode="chunks")["results"]
+
+
+def test_a_turn_whose_speaker_the_query_names_ranks_first(make_service):
+    """speaker_boost: "where did Ann go hiking" asks what Ann said or did; Bob's turn that only talks about her
+    ranks first on its words, Ann's own turn first with the boost."""
+    turns = ["Bob: Ann, Ann, hiking with Ann is hiking at its best, Ann!", "Ann: I went to the Alps last summer."]
+    svc = make_service(context_before=0, context_after=0, context_date=False, turn_tokens=0)   # turns whole, alone
+    svc.ingest("alice", "\n".join(turns))
+    for boost, first in ((0.0, turns[0]), (2.0, turns[1])):
+        s = Settings(speaker_boost=boost, context_before=0, context_after=0, context_date=False)
+        got = [r["content"] for r in search(svc.db, svc.embedder, s, "alice", "Where did Ann go hiking?",
+                                            mode="chunks")["results"]]
+        assert got[0] == first, (boost, got)
+    assert speaker("Ann: hi") == "Ann" and speaker("[10:02] Dr Who: hi") == "Dr Who" and speaker("no label") is None
+
+
+def test_a_long_turn_is_chunked_in_its_sentences_and_its_pieces_keep_their_speaker(make_service):
+    turns = ["Ann: We spent last week at the lake house. The weather was lovely. I took up pottery there.",
+             "Bob: Ann's pottery is lovely, I saw it."]
+    svc = make_service(turn_tokens=16, context_before=0, context_after=0, context_date=False)
+    doc = svc.ingest("alice", "\n".join(turns))
+    chunks = [r["content"] for r in svc.db.rows("SELECT content FROM chunks WHERE document_id=? ORDER BY seq",
+                                                (doc,))]
+    assert chunks == ["Ann: We spent last week at the lake house.", "The weather was lovely.",
+                      "I took up pottery there.", turns[1]]
+    # The third piece has no label of its own: it is Ann's, so "what does Ann do" ranks it above Bob's turn.
+    for boost, first in ((0.0, turns[1]), (1.0, chunks[2])):
+        s = Settings(speaker_boost=boost)
+        got = search(svc.db, svc.embedder, s, "alice", "What pottery does Ann do?", mode="chunks")["results"]
+        assert got[0]["content"] == first, (boost, [r["content"] for r in got])

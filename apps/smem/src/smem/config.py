@@ -17,12 +17,14 @@ class Settings:
     max_document_bytes: int = 1_000_000   # a larger POST body is refused with 413
     max_drain_bytes: int = 128 * 2**20    # of a body over the cap, this much is read (and dropped) before the 413
     chunk_tokens: int = 200               # text.estimate_tokens units
-    rrf_k: int = 10                       # Reciprocal Rank Fusion: score = sum weight / (rrf_k + rank)
+    turn_tokens: int = 0                  # a transcript's turn over this is split at sentences (0: chunk_tokens)
+    rrf_k: int = 20                       # Reciprocal Rank Fusion: score = sum weight / (rrf_k + rank)
     bm25_weight: float = 2.0              # the BM25 lists' weight in the fusion (vector lists: 1)
     context_before: int = 2               # chunks of the document before a chunk that its BM25 entry holds
-    context_after: int = 2                # ... and after it (search still returns and counts the chunk alone)
+    context_after: int = 4                # ... and after it (search still returns and counts the chunk alone)
     context_date: bool = True             # and the document's validAt in words ("8 May 2023")
     candidates: int = 50                  # per list (BM25, vectors) before fusion
+    speaker_boost: float = 0.4            # a transcript turn whose speaker the query names: score * (1 + this)
     default_limit: int = 10
     max_limit: int = 100
     near_duplicate: float = 0.97          # cosine at or above which a new fact is a duplicate
@@ -46,6 +48,11 @@ class Settings:
     lane_keys: dict = field(default_factory=dict, init=False, repr=False, compare=False)   # read from it
     llm_retries: int = 2                  # an LLM answer that fails validation is asked for again, this often
     llm_max_tokens: int = 512             # per extraction or judge answer
+    # Extraction asks the chat model about windows of a document's chunks (smem.extract.windows), not each chunk:
+    # consecutive chunks up to this many tokens (text.estimate_tokens) a window, so a session that fits is one
+    # call; 0: one call a chunk.
+    extract_window_tokens: int = 0
+    extract_overlap_chunks: int = 1       # a window starts this many chunks before the end of the one before
     judge_candidates: int = 5             # the nearest current facts the judge shows the LLM
     judge_close: float = 0.6              # cosine at or above which a current fact is a candidate
     rerank_top_k: int = 20                # only the fused top k go to the reranker
@@ -82,6 +89,7 @@ def validate(s: Settings) -> None:
         raise ValueError("lane_keys_file: a path (a string), got %r" % (s.lane_keys_file,))
     if not isinstance(s.haproxy_sync_s, int | float) or s.haproxy_sync_s <= 0:
         raise ValueError("haproxy_sync_s: a positive number of seconds")
+    _validate_retrieval(s)
     if s.models is not None:
         _keys("models", s.models, ROLES)
         for role, m in s.models.items():
@@ -102,6 +110,14 @@ def validate(s: Settings) -> None:
         raise ValueError("embedder: with [lanes] the embedder is [models].embed on the lanes; remove [embedder]")
     for name in s.lanes:
         _validate_lane(s, name)
+
+
+def _validate_retrieval(s: Settings) -> None:
+    for key in ("turn_tokens", "extract_window_tokens", "extract_overlap_chunks"):
+        if not isinstance(getattr(s, key), int) or getattr(s, key) < 0:
+            raise ValueError("%s: a whole number >= 0, got %r" % (key, getattr(s, key)))
+    if not isinstance(s.speaker_boost, int | float) or s.speaker_boost < 0:
+        raise ValueError("speaker_boost: a number >= 0, got %r" % (s.speaker_boost,))
 
 
 def _validate_lane(s: Settings, name: str) -> None:

@@ -16,11 +16,11 @@ from smem import facts
 from smem.config import Settings
 from smem.db import DB, new_id, now, vec_blob
 from smem.embed import Embedder
-from smem.extract import ExtractionError, Extractor
+from smem.extract import ExtractionError, Extractor, nearest, window_text, windows
 from smem.jobqueue import JobQueue, Lost
 from smem.judge import Judge, JudgeFailed
 from smem.lanes import InputTooLarge, NoNode
-from smem.text import estimate_tokens, units
+from smem.text import estimate_tokens, normalise, units
 
 log = logging.getLogger("smem.ingest")
 
@@ -90,7 +90,7 @@ class Pipeline:
     # -- the stages ------------------------------------------------------------------------
     def _stage_chunk(self, job: dict) -> None:
         doc = self.db.one("SELECT content FROM documents WHERE id=?", (job["document_id"],))
-        pieces = units(doc["content"], self.settings.chunk_tokens) if doc else []
+        pieces = units(doc["content"], self.settings.chunk_tokens, self.settings.turn_tokens) if doc else []
         with self.db.tx() as c:
             stages = self._mine(c, job)
             facts.drop_chunk_index(c, job["document_id"])
@@ -130,36 +130,62 @@ class Pipeline:
                               nxt="judge")
             return
         doc = self.db.one("SELECT valid_at FROM documents WHERE id=?", (job["document_id"],))
-        chunks = self.db.rows("SELECT id, content FROM chunks WHERE document_id=? ORDER BY seq", (job["document_id"],))
-        # Chunk by chunk, each chunk's facts committed with the progress: a retry or a restart goes on from there.
+        chunks = self.db.rows("SELECT id, content, tokens, embedding FROM chunks WHERE document_id=? ORDER BY seq",
+                              (job["document_id"],))
+        # Window by window (extract.windows: consecutive chunks up to extract_window_tokens, overlapping by
+        # extract_overlap_chunks), each window's facts committed with the progress: a retry or a restart goes
+        # on from the next window. The windows are planned once and kept in the progress.
         progress = json.loads(self.db.scalar("SELECT stages FROM jobs WHERE id=?", (job["id"],))).get("extract", {})
         if progress.get("state") != "partial":
             progress = {"state": "partial", "chunks": len(chunks), "chunksDone": 0, "facts": 0,
                         "model": self.extractor.model}
-        for ch in chunks[progress["chunksDone"]:]:
+        if "windows" not in progress:   # planned now (or after chunksDone, by a job of an older smem)
+            done = progress["chunksDone"]
+            plan = windows([ch["tokens"] for ch in chunks[done:]], self.settings.extract_window_tokens,
+                           self.settings.extract_overlap_chunks)
+            progress = {**progress, "windows": [[done + a, done + b] for a, b in plan], "windowsDone": 0}
+        for start, end in progress["windows"][progress["windowsDone"]:]:
+            part = chunks[start:end]
             try:
-                facts = self.extractor.extract(ch["content"], {"ns": job["ns"], "documentId": job["document_id"]})
+                text, owner = window_text([ch["content"] for ch in part])
+                found = self.extractor.extract(text,
+                                               {"ns": job["ns"], "documentId": job["document_id"],
+                                                "window": [start, end]})
             except (ExtractionError, InputTooLarge) as e:
-                raise FinalFailure(str(e), {**progress, "state": "failed", "failedChunk": ch["id"],
-                                            "reason": str(e)}) from e
-            vectors = self.embedder.embed([f.content for f in facts]) if facts else []
+                raise FinalFailure(str(e), {**progress, "state": "failed", "failedChunk": part[0]["id"],
+                                            "failedWindow": [start, end], "reason": str(e)}) from e
+            # Overlapping windows see the turns at their edge twice: a fact this document already gave is not
+            # added again (only this job writes the document's pending facts).
+            known = {normalise(r["content"]) for r in self.db.rows(
+                "SELECT content FROM memories WHERE document_id=? AND indexed=0", (job["document_id"],))}
+            new = []
+            for f in found:
+                if normalise(f.content) not in known:
+                    known.add(normalise(f.content))
+                    new.append(f)
+            vectors = self.embedder.embed([f.content for f in new]) if new else []
             t = now()
             with self.db.tx() as c:
                 stages = self._mine(c, job)
-                for f, v in zip(facts, vectors, strict=True):
+                for f, v in zip(new, vectors, strict=True):
+                    # The line the extractor says, else the window's chunk nearest to the fact.
+                    at = owner[f.line] if f.line is not None and 0 <= f.line < len(owner) else \
+                        nearest([ch["embedding"] for ch in part], v)
+                    source = part[at]["id"]
                     c.execute("INSERT INTO memories(id, ns, content, valid_from, recorded_at, origin, document_id,"
                               " source_chunk_id, model, prompt_hash, embedding)"
                               " VALUES (?,?,?,?,?,'extracted',?,?,?,?,?)",
                               (new_id("mem"), job["ns"], f.content, f.valid_at or (doc and doc["valid_at"]) or t, t,
-                               job["document_id"], ch["id"], self.extractor.model, self.extractor.prompt_hash,
+                               job["document_id"], source, self.extractor.model, self.extractor.prompt_hash,
                                vec_blob(v)))
-                progress = {**progress, "chunksDone": progress["chunksDone"] + 1,
-                            "facts": progress["facts"] + len(facts)}
+                progress = {**progress, "windowsDone": progress["windowsDone"] + 1, "chunksDone": end,
+                            "facts": progress["facts"] + len(new)}
                 stages["extract"] = progress
                 c.execute("UPDATE jobs SET stages=?, updated_at=? WHERE id=?", (json.dumps(stages), t, job["id"]))
         with self.db.tx() as c:
             stages = self._mine(c, job)
             self._advance(c, job, stages, "extract", {"state": "done", "facts": progress["facts"],
+                                                      "windows": len(progress["windows"]),
                                                       "model": self.extractor.model}, nxt="judge")
 
     def _decide(self, ns: str, m: dict) -> dict:
@@ -226,5 +252,3 @@ class Pipeline:
                     self.db.history(c, job["ns"], m["extends"], "extended", m["id"])
             self._advance(c, job, stages, "index", {"state": "done"}, nxt="done", status="done")
             c.execute("UPDATE jobs SET state='done', owner=NULL WHERE id=?", (job["id"],))
-
-

@@ -28,6 +28,26 @@ EXTRACT_PROMPT = [
     {"role": "assistant", "content": json.dumps({"facts": ["Bo lives in Rome.", "Bo likes jazz."]})},
 ]
 
+# A window of many lines (a conversation's turns): one answer item per line, each the facts that line states
+# (maybe none), so that a small model reads every line and each fact names the line it came from.
+LINES_PROMPT = [
+    {"role": "system", "content": "For each numbered line of a conversation, list the facts it states, one short"
+                                  " sentence per fact, as JSON: one list per line, in order. A fact names who or"
+                                  " what it is about. A line that states no fact: an empty list."},
+    {"role": "user", "content": "1. Ann: I moved to Oslo in May.\n2. Bo: Nice! I still live in Bergen.\n"
+                                "3. Ann: Thanks!\n4. Bo: My sister plays the violin."},
+    {"role": "assistant", "content": json.dumps({"lines": [["Ann moved to Oslo in May."], ["Bo lives in Bergen."],
+                                                           [], ["Bo's sister plays the violin."]]})},
+]
+
+
+def lines_schema(n: int) -> dict:
+    return {"type": "object", "additionalProperties": False, "required": ["lines"],
+            "properties": {"lines": {"type": "array", "minItems": n, "maxItems": n,
+                                     "items": {"type": "array", "maxItems": 4,
+                                               "items": {"type": "string", "minLength": 1, "maxLength": 300}}}}}
+
+
 DECISIONS = ("supersedes", "extends", "duplicate")
 JUDGE_PROMPT = (
     "You compare a new fact with facts already known. Answer with one decision:\n"
@@ -74,21 +94,31 @@ def ask(chat: LaneChat, messages: list[dict], schema: dict, retries: int, check:
 
 
 class LLMExtractor:
-    """smem.extract.Extractor on the chat model."""
+    """smem.extract.Extractor on the chat model. A window of one line is asked for its facts; a window of several
+    (a conversation's turns, one a line) for each line's facts, numbered, with an answer schema of exactly that
+    many lists, so that no line is skipped; a fact's `line` says which it came from."""
 
     def __init__(self, chat: LaneChat, retries: int):
         self.chat, self.retries = chat, retries
         self.model = chat.model
-        self.prompt_hash = prompt_hash(EXTRACT_PROMPT, FACTS_SCHEMA)
+        self.prompt_hash = prompt_hash([EXTRACT_PROMPT, LINES_PROMPT], [FACTS_SCHEMA, lines_schema(0)])
 
-    def extract(self, chunk: str, context: dict) -> list[Fact]:
-        answer = ask(self.chat, [*EXTRACT_PROMPT, {"role": "user", "content": chunk}], FACTS_SCHEMA, self.retries)
+    def extract(self, text: str, context: dict) -> list[Fact]:
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        if len(lines) <= 1:
+            answer = ask(self.chat, [*EXTRACT_PROMPT, {"role": "user", "content": text}], FACTS_SCHEMA, self.retries)
+            found = [(t, None) for t in answer["facts"]]
+        else:
+            numbered = "\n".join("%d. %s" % (i + 1, ln) for i, ln in enumerate(lines))
+            answer = ask(self.chat, [*LINES_PROMPT, {"role": "user", "content": numbered}], lines_schema(len(lines)),
+                         self.retries)
+            found = [(t, i) for i, facts in enumerate(answer["lines"]) for t in facts]
         out, seen = [], set()
-        for text in answer["facts"]:
-            key = normalise(text)
+        for t, line in found:
+            key = normalise(t)
             if key and key not in seen:  # small models repeat themselves
                 seen.add(key)
-                out.append(Fact(text.strip()))
+                out.append(Fact(t.strip(), line=line))
         return out
 
 

@@ -13,7 +13,7 @@ from smem.config import Settings
 from smem.db import DB, now, vec_blob
 from smem.embed import Embedder
 from smem.lanes import embed_answer
-from smem.text import estimate_tokens
+from smem.text import estimate_tokens, speaker
 
 MODES = ("hybrid", "memories", "chunks")
 
@@ -101,6 +101,8 @@ def search(db: DB, embedder: Embedder, settings: Settings, ns: str, q: str, *, m
     timing["vectorMs"] = round(1000 * (time.perf_counter() - t), 2)
 
     ordered = fusion.ranked(fusion.rrf(lists, settings.rrf_k, fusion.weights_for(sources, settings.bm25_weight)))
+    if settings.speaker_boost:
+        ordered = _speaker_boost(db, ordered, q, settings.speaker_boost)
     rerank_scores: dict = {}
     if rerank == "order":
         t = time.perf_counter()
@@ -135,6 +137,40 @@ def _rerank(db: DB, reranker, settings: Settings, q: str, ranked: list):
     order = sorted(range(len(top)), key=lambda i: -answer.value[i])
     scores = {top[i][0]: answer.value[i] for i in order}
     return [top[i] for i in order] + ranked[len(top):], scores, answer.served, answer.down
+
+
+def _speaker_boost(db: DB, ranked: list, q: str, boost: float) -> list:
+    """A transcript's turn whose speaker the query names ("what did Ann ...") scores (1 + boost) times its
+    fused score: the question is about what that person said or did. Chunks that are no turn of a
+    transcript (no speaker label before them) are left as they are."""
+    words = {w.lower() for w in re.findall(r"\w+", q)}
+    who = _speakers(db, [rowid for (kind, rowid), _ in ranked if kind == "chunk"])
+    named = {r for r, name in who.items() if name and set(re.findall(r"\w+", name.lower())) <= words}
+    if not named:
+        return ranked
+    boosted = [(key, score * (1 + boost) if key[0] == "chunk" and key[1] in named else score) for key, score in ranked]
+    return sorted(boosted, key=lambda kv: -kv[1])
+
+
+def _speakers(db: DB, rowids: list[int], back: int = 8) -> dict[int, str | None]:
+    """The speaker of each chunk: its own label, or (a piece of a longer turn) the label of the nearest of the
+    `back` chunks before it in its document that has one; None for a chunk of no transcript."""
+    out: dict[int, str | None] = {}
+    spans: dict[str, list] = {}
+    for i in range(0, len(rowids), 500):
+        part = rowids[i:i + 500]
+        for r in db.rows("SELECT rowid, document_id, seq, content FROM chunks WHERE rowid IN (%s)"
+                         % ",".join("?" * len(part)), part):
+            out[r["rowid"]] = speaker(r["content"])
+            if out[r["rowid"]] is None and r["seq"] > 0:
+                spans.setdefault(r["document_id"], []).append((r["rowid"], r["seq"]))
+    for doc, items in spans.items():
+        lo, hi = min(seq for _, seq in items) - back, max(seq for _, seq in items)
+        labels = {x["seq"]: speaker(x["content"]) for x in db.rows(
+            "SELECT seq, content FROM chunks WHERE document_id=? AND seq BETWEEN ? AND ?", (doc, lo, hi))}
+        for rowid, seq in items:
+            out[rowid] = next((labels[s] for s in range(seq - 1, seq - back - 1, -1) if labels.get(s)), None)
+    return out
 
 
 def _pack(db: DB, ranked: list, rerank_scores: dict, qv, threshold: float | None, *, budget_tokens: int | None,

@@ -127,6 +127,14 @@ def is_transcript(text: str) -> bool:
     return turns >= 2 and turns >= 0.8 * len(lines)
 
 
+def speaker(chunk: str) -> str | None:
+    """The speaker label a transcript's turn starts with ("Ann" of "Ann: ..." or "[10:02] Ann: ..."), or None."""
+    if not _TURN.match(chunk):
+        return None
+    label = chunk.split(":", 1)[0] if not chunk.lstrip().startswith("[") else chunk.split("]", 1)[1].split(":", 1)[0]
+    return " ".join(label.split()) or None
+
+
 def turns(text: str) -> list[str]:
     """A transcript's turns, one per speaker label; a line without a label continues the turn before it."""
     out: list[str] = []
@@ -141,12 +149,13 @@ def turns(text: str) -> list[str]:
     return out
 
 
-def units(text: str, max_tokens: int = 200) -> list[str]:
-    """The chunks search should return: one per turn for a transcript (a turn over max_tokens split at
-    sentences, then words), else chunk(text, max_tokens)."""
+def units(text: str, max_tokens: int = 200, turn_tokens: int | None = None) -> list[str]:
+    """The chunks search should return: one per turn for a transcript (a turn over max_tokens, or over
+    turn_tokens when given, split at sentences, then words), else chunk(text, max_tokens)."""
     if not is_transcript(text):
         return chunk(text, max_tokens)
-    return [piece for turn in turns(text) for piece in _pieces(turn, max_tokens)]
+    limit = min(max_tokens, turn_tokens) if turn_tokens else max_tokens
+    return [piece for turn in turns(text) for piece in _pieces(turn, limit)]
 
 
 def date_label(iso: str | None) -> str | None:
