@@ -13,7 +13,8 @@ from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
 REQUIRED = ("service", "machines", "proto", "address", "port", "clients", "auth")
-OPTIONAL = ("reason", "probe")
+OPTIONAL = ("reason", "probe", "metrics")
+METRICS_KEYS = {"job", "path", "credential_file", "credential_json_key"}
 WORDS = ("lan", "loopback")
 PROTOS = ("tcp", "udp")
 
@@ -142,6 +143,12 @@ class ActionModule(ActionBase):
         row["clients"] = sorted(set(clients))
         if problems:
             raise AnsibleActionFail("vca_exposure: %s: %s" % (here, "; ".join(problems)))
+        metrics = row.setdefault("metrics", {})
+        if metrics:
+            if not isinstance(metrics, dict) or not metrics.get("job") or set(metrics) - METRICS_KEYS:
+                raise AnsibleActionFail("vca_exposure: %s: metrics is {job, path?, credential_file?, "
+                                        "credential_json_key?}, not %r" % (here, metrics))
+            metrics.setdefault("path", "/metrics")
         row.setdefault("reason", "")
         row.setdefault("probe", {})
         return row

@@ -11,8 +11,10 @@ description:
   - A socket declaration has C(service), C(machines) (inventory hosts it listens on), C(proto) (tcp or
     udp), C(address) (an address, a list of them, or C(*) for a declared wildcard bind), C(port) (or
     C(any)), C(clients) (inventory hosts allowed to connect, or the words C(lan) and C(loopback)),
-    C(auth) (how it authenticates), and optionally C(reason) and C(probe) (how the exposure test shows
-    a request without the credential refused).
+    C(auth) (how it authenticates), and optionally C(reason), C(probe) (how the exposure test shows
+    a request without the credential refused) and C(metrics) (what Prometheus scrapes there: C(job),
+    C(path) (default C(/metrics)), C(credential_file) (a file on the scraping host holding the bearer
+    token alone) and, when that file is a JSON object of tokens, C(credential_json_key)).
   - The host's firewall (role vca_boot), docs/EXPOSURE.md and the exposure audit
     (playbooks/exposure.yml) are all made from this one table.
   - Runs on the controller only (an action plugin); it contacts nothing.
@@ -38,7 +40,7 @@ RETURN = r"""
 sockets:
   description: >-
     One row per machine, address and port: machine, role, service, proto, address, port, clients,
-    auth, reason, probe.
+    auth, reason, probe, metrics.
   returned: always
   type: list
   elements: dict

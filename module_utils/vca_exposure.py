@@ -3,7 +3,7 @@
 
 A found socket is {proto, address, port, process}: what `ss` shows on one machine
 (vca_listeners). A declared row is one socket of the table evaluated for one machine
-(vca_exposure): {machine, service, role, proto, address, port, clients, auth, reason, probe},
+(vca_exposure): {machine, service, role, proto, address, port, clients, auth, reason, probe, metrics},
 address an IP or "*" (a declared wildcard bind), port a number or "any", clients inventory
 hosts or the words "lan" and "loopback". Standard library only: this runs as a module's helper.
 """

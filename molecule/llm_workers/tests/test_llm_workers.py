@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
+import subprocess
 import time
 from pathlib import Path
 
@@ -187,10 +189,35 @@ def test_a_stopped_worker_is_taken_out_and_no_request_fails():
     wait_for(lambda s: s["vca-node1"] == "UP", "node 1's worker started again")
 
 
+def exporter(token: str | None) -> tuple[str, str]:
+    """(status, body) of HAProxy's Prometheus exporter, from the host."""
+    header = f"-H 'Authorization: Bearer {token}' " if token else ""
+    out = HOST.check_output(f"curl -sS -o /tmp/exporter.txt -w '%{{http_code}}' {header}http://127.0.0.1:8405/metrics")
+    return out, HOST.check_output("cat /tmp/exporter.txt")
+
+
+def drained_states() -> dict[str, float]:
+    _, text = exporter(HOST.check_output("cat /etc/haproxy/metrics.token").strip())
+    found = re.findall(r'^haproxy_server_status\{proxy="llm_workers",server="([^"]+)",state="DRAIN"\} (\S+)$',
+                       text, re.M)
+    return {server: float(v) for server, v in found}
+
+
+def test_haproxys_exporter_takes_its_token_only_and_promtool_accepts_it():
+    assert exporter(None)[0] == "401" and exporter("wrong")[0] == "401"
+    code, text = exporter(HOST.check_output("cat /etc/haproxy/metrics.token").strip())
+    assert code == "200" and "haproxy_server_status" in text
+    assert HOST.file("/etc/haproxy/metrics.token").mode == 0o600
+    r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60,
+                       check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def test_a_drained_worker_gets_nothing_and_comes_back():
     drain("vca-node0", "drain")
     try:
         assert status()["vca-node0"] == "DRAIN"
+        assert drained_states()["vca-node0"] == 1      # what Prometheus' LlmWorkerDrained reads
         answers = chat(9)
         assert all(code == 200 for code, _, _ in answers), answers
         assert {worker for _, worker, _ in answers} == WORKERS - {"vca-node0"}, answers
@@ -198,6 +225,7 @@ def test_a_drained_worker_gets_nothing_and_comes_back():
         drain("vca-node0", "enabled")
     wait_for(lambda s: s["vca-node0"] == "UP", "node 0 returned")
     assert "vca-node0" in {worker for _, worker, _ in chat(9)}
+    assert drained_states()["vca-node0"] == 0
 
 
 def test_capacity_bench_short_run_ends_with_the_lab_table(tmp_path):

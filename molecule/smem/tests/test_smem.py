@@ -182,6 +182,19 @@ def test_a_lease_needs_the_lease_scope_and_the_lease_token_reads_nothing_else(to
         assert api("GET", path, lease)[0] == 403, path
 
 
+def test_the_metrics_token_reads_metrics_only():
+    metrics = HOST.check_output("cat /etc/smem/metrics.token").strip()
+    assert HOST.file("/etc/smem/metrics.token").mode == 0o600
+    script = ("import sys, httpx\n"
+              "r = httpx.get(sys.argv[1], headers={'Authorization': 'Bearer ' + sys.argv[2]}, timeout=30)\n"
+              "print(r.status_code); print(r.text)")
+    out = HOST.check_output("/opt/smem/venv/bin/python -c %s %s %s" % (
+        shlex.quote(script), shlex.quote(URL + "/metrics"), shlex.quote(metrics)))
+    status, text = out.split("\n", 1)
+    assert status == "200" and 'smem_lane_node_up{lane="background",model="embed",node="vca-node4"} 1.0' in text
+    assert api("GET", "/v5/ns/lab/memories", metrics)[0] == 403
+
+
 def test_the_admin_token_was_rotated_on_request(admin):
     """converge raised smem_admin_token_generation to 2: same token, new secret, the first one refused."""
     first = HOST.check_output("cat /root/admin.token.generation1").strip()
