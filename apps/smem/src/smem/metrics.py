@@ -63,6 +63,16 @@ def _epoch(stored: str) -> float:
     return datetime.fromisoformat(parse_time(stored).replace("Z", "+00:00")).timestamp()
 
 
+def _counts(db, name: str, doc: str, table: str, column: str, *, keys: tuple[str, ...]) -> GaugeMetricFamily:
+    """Rows of table by column, every known value present (0 when none)."""
+    got = dict.fromkeys(keys, 0) | dict(db.conn.execute(
+        "SELECT %s, count(*) FROM %s GROUP BY %s" % (column, table, column)).fetchall())
+    g = GaugeMetricFamily(name, doc, labels=[column])
+    for value, n in sorted(got.items()):
+        g.add_metric([value], n)
+    return g
+
+
 class _State:
     def __init__(self, ops) -> None:
         self.ops = ops
@@ -74,18 +84,8 @@ class _State:
         info.add_metric([__version__, str(db.version), ops.embedder.name], 1)
         yield info
 
-        docs = dict.fromkeys(DOCUMENT_STATUSES, 0) | dict(db.conn.execute(
-            "SELECT status, count(*) FROM documents GROUP BY status").fetchall())
-        g = GaugeMetricFamily("smem_documents", "Documents by status", labels=["status"])
-        for status, n in sorted(docs.items()):
-            g.add_metric([status], n)
-        yield g
-        jobs = dict.fromkeys(JOB_STATES, 0) | dict(db.conn.execute(
-            "SELECT state, count(*) FROM jobs GROUP BY state").fetchall())
-        g = GaugeMetricFamily("smem_jobs", "Ingest jobs by state", labels=["state"])
-        for state, n in sorted(jobs.items()):
-            g.add_metric([state], n)
-        yield g
+        yield _counts(db, "smem_documents", "Documents by status", "documents", "status", keys=DOCUMENT_STATUSES)
+        yield _counts(db, "smem_jobs", "Ingest jobs by state", "jobs", "state", keys=JOB_STATES)
 
         health = ops.health()
         q = health["queue"] or {}
