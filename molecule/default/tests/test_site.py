@@ -372,3 +372,36 @@ def test_a_farm_job_whose_lease_smem_lent_elsewhere_stops_its_nodes_and_resumes(
     assert v["job"]["state"] == "done", v["job"]["reason"]
     assert v["failures"] == {}, v["events"]
     assert all(lz["released_at"] for lz in v["leases"]), v["leases"]
+
+
+def prometheus_api(path: str) -> dict:
+    out = machine("host").check_output(f"curl -sS --max-time 30 http://127.0.0.1:9090/api/v1/{path}")
+    answer = json.loads(out)
+    assert answer["status"] == "success", answer
+    return answer["data"]
+
+
+# HAProxy's exporter is there only with LLM workers: this lab has none (molecule/llm_workers reads it).
+EXPORTERS = {"prometheus", "vcamon", "smem", "llama-server", "farm"}
+
+
+def test_prometheus_scrapes_every_declared_exporter_and_every_target_is_up():
+    """(issue 28) The lab turns the prometheus role on: one target per declared metrics socket, each
+    scraped with its own credential, all up; vcafleet's alerts loaded."""
+    deadline = time.monotonic() + 120       # the lab scrapes every 10 s; a target starts 'unknown'
+    while True:
+        targets = prometheus_api("targets?state=active")["activeTargets"]
+        down = [(t["labels"]["job"], t["scrapeUrl"], t["health"], t["lastError"]) for t in targets
+                if t["health"] != "up"]
+        if not down or time.monotonic() > deadline:
+            break
+        time.sleep(5)
+    assert targets and not down, down
+    assert {t["labels"]["job"] for t in targets} == EXPORTERS
+    by_job = {job: {t["labels"]["node"] for t in targets if t["labels"]["job"] == job} for job in EXPORTERS}
+    assert by_job["vcamon"] == {"vca-host"} | {f"vca-node{n}" for n in LIVE}, by_job      # never the dead node
+    assert by_job["llama-server"] <= {f"vca-node{n}" for n in LIVE}, by_job
+    ups = prometheus_api("query?query=up")["result"]
+    assert len(ups) == len(targets) and all(r["value"][1] == "1" for r in ups), ups
+    alerts = {r["name"] for g in prometheus_api("rules?type=alert")["groups"] for r in g["rules"]}
+    assert {"VcaNodeDown", "SmemWorkerDead", "FarmJobNoProgress", "LlmWorkerDrained"} <= alerts, alerts
