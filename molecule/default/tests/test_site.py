@@ -405,3 +405,22 @@ def test_prometheus_scrapes_every_declared_exporter_and_every_target_is_up():
     assert len(ups) == len(targets) and all(r["value"][1] == "1" for r in ups), ups
     alerts = {r["name"] for g in prometheus_api("rules?type=alert")["groups"] for r in g["rules"]}
     assert {"VcaNodeDown", "SmemWorkerDead", "FarmJobNoProgress", "LlmWorkerDrained"} <= alerts, alerts
+
+
+def test_the_fleet_page_shows_what_runs_the_numbers_and_what_is_open():
+    """(issue 28, point 3) vcamon's fleet page on the lab, live: the services scraped with their own
+    credentials, the GEMM run the bench above published (labelled lab), and the dead node open."""
+    host = machine("host")
+    view = json.loads(host.check_output("vcamon fleet --json"))
+    runs = {(r["service"], r["node"]): r["up"] for r in view["runs"]}
+    for service in [("smem", "vca-host"), ("farm", "vca-host"), ("vcamon agent", "vca-node0"),
+                    ("llama-server", "vca-node0"), ("llama-server", "vca-node4")]:
+        assert runs.get(service) is True, (service, view["runs"])
+    assert runs[("vcamon agent", "vca-node3")] is False
+    [gemm] = [r for r in view["numbers"] if r["kind"] == "gemm"]
+    assert gemm["platform"] == "lab" and gemm["figures"], gemm
+    assert all(f["platform"] == "lab" for f in gemm["figures"]), gemm
+    assert {"what": "node down", "where": "vca-node3"}.items() <= next(
+        i for i in view["open"] if i["where"] == "vca-node3").items(), view["open"]
+    text = host.check_output("vcamon fleet")
+    assert text.index("what runs") < text.index("numbers that matter") < text.index("what is open"), text

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
 import time
 
-from . import agent, collector
+from . import agent, collector, fleet
 from .auth import read_token_file
 from .store import Store
 from .web import DEFAULT_LISTEN as WEB_LISTEN
@@ -85,11 +86,17 @@ def parser():
     c.add_argument("--interval", type=float, default=30.0)
     c.add_argument("--listen", default=WEB_LISTEN, help="web page addr:port (default %(default)s; '' for none)")
     c.add_argument("--web-token-file", help="a file holding the page's token: every request must then carry it")
+    c.add_argument("--fleet", help="fleet.json: the services to scrape for the fleet page, and the bench records' "
+                   "directory")
     c.add_argument("--raw-days", type=int, default=14)
     c.add_argument("--rollup-days", type=int, default=365)
 
     s = sub.add_parser("status", help="a table of every node now")
     s.add_argument("--db", default=DEFAULT_DB)
+
+    f = sub.add_parser("fleet", help="the fleet page as text: what runs, the numbers that matter, what is open")
+    f.add_argument("--db", default=DEFAULT_DB)
+    f.add_argument("--json", action="store_true", help="the page's data as JSON")
 
     e = sub.add_parser("events", help="throttle, down/up, cap and vcactl state events")
     e.add_argument("--db", default=DEFAULT_DB)
@@ -123,11 +130,14 @@ def main(argv=None):
         try:
             token = read_token_file(args.web_token_file) if args.web_token_file else None
             collector.run(args.db, args.targets, args.interval, listen=args.listen or None,
-                          raw_days=args.raw_days, rollup_days=args.rollup_days, web_token=token)
+                          raw_days=args.raw_days, rollup_days=args.rollup_days, web_token=token, fleet_path=args.fleet)
         except (OSError, ValueError) as exc:
             sys.exit("vcamon collector: %s" % exc)
     elif args.command == "status":
         print(status_table(open_store(args.db).status(now), now))
+    elif args.command == "fleet":
+        page = fleet.view(open_store(args.db), now)
+        print(json.dumps(page, indent=1) if args.json else fleet.text(page))
     elif args.command == "events":
         for ev in open_store(args.db).events(now - args.since, args.node):
             extra = {"throttle": "+%s at %s C" % (ev["delta"], _num(ev["temperature_c"], "%.1f")),

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from . import fleet
 from .auth import read_token_file
 from .store import AUTH_FAILED, Scrape, Store
 from .web import start_web
@@ -102,8 +103,9 @@ def scrape(target, timeout, token=None, token_error=None):
 
 
 class Collector:
-    def __init__(self, store, targets, interval=30.0, timeout=None, upkeep_every=60.0):
+    def __init__(self, store, targets, interval=30.0, timeout=None, *, upkeep_every=60.0, fleet_config=None):
         self.store = store
+        self.fleet_config = fleet_config
         self.targets = targets
         self.interval = float(interval)
         self.timeout = timeout or max(1.0, min(10.0, self.interval * 0.8))
@@ -121,6 +123,8 @@ class Collector:
         now = time.time() if now is None else now
         results = list(self.pool.map(lambda t: scrape(t, self.timeout, *self.tokens[t["node"]]), self.targets))
         self.store.record_round(now, results, self.vca_nodes)
+        if self.fleet_config is not None:
+            self.store.set_meta("fleet", json.dumps(fleet.scrape_services(self.fleet_config, self.timeout, now)))
         if now - self._last_upkeep >= self.upkeep_every:
             self.store.rollup(now)
             self.store.prune(now)
@@ -145,10 +149,12 @@ class Collector:
             self.stop.wait(delay)
 
 
-def run(db_path, targets_path, interval, *, listen=None, raw_days=14, rollup_days=365, web_token=None):
+def run(db_path, targets_path, interval, *, listen=None, raw_days=14, rollup_days=365, web_token=None,
+        fleet_path=None):
     targets = load_targets(targets_path)
+    fleet_config = fleet.load_config(fleet_path) if fleet_path else None
     store = Store(db_path, raw_days, rollup_days)
-    collector = Collector(store, targets, interval)
+    collector = Collector(store, targets, interval, fleet_config=fleet_config)
     if listen:
         start_web(listen, db_path, token=web_token)
     collector.run()

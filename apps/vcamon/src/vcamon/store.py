@@ -306,6 +306,9 @@ class Store:
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return default if row is None else row[0]
 
+    def set_meta(self, key, value):
+        self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+
     def platform_log(self, node=None):
         """{node: (times, platforms)}: when each node's platform changed, oldest first."""
         sql, args = "SELECT node, ts, platform FROM platforms", ()

@@ -20,6 +20,7 @@ from importlib import resources
 from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlparse
 
+from .. import fleet
 from ..auth import bearer, check_token, same
 from ..net import bind_address, is_loopback
 from ..store import Store
@@ -114,6 +115,8 @@ def make_handler(db_path, token=None, static_root=STATIC):
                     self._static(url.path[len("/static/"):])
                 elif url.path == "/api/nodes":
                     self._json({"now": int(time.time()), "nodes": store().status()})
+                elif url.path == "/api/fleet":
+                    self._json(fleet.view(store()))
                 elif url.path == "/api/chart":
                     now = int(time.time())
                     end = int(q.get("to") or now)

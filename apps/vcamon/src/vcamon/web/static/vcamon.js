@@ -46,6 +46,25 @@ function statusTable(nodes, now) {
     "<th>throttle 24 h</th><th>last seen</th></tr>" + rows.join("");
 }
 
+const when = ts => ts ? new Date(ts * 1000).toISOString().slice(0, 16).replace("T", " ") + " UTC" : "–";
+
+// The fleet's one page: what runs, the newest bench figures with their platform, what is open.
+function fleetSections(f) {
+  document.querySelector("#runs table").innerHTML = "<tr><th>service</th><th>node</th><th>state</th></tr>" +
+    f.runs.map(r => `<tr data-service="${attr(r.service)}" data-node="${attr(r.node)}"><td>${attr(r.service)}</td>
+      <td>${attr(r.node)}</td><td class="${r.up ? "" : "down"}" title="${attr(r.error || "")}">${r.up ? "up" : "down"}</td></tr>`).join("");
+  document.querySelector("#numbers div").innerHTML = f.numbers.length === 0 ?
+    `<p class="empty">no bench record yet: playbooks/bench/gemm.yml, dma.yml, capacity.yml</p>` :
+    f.numbers.map(run => `<table data-kind="${run.kind}"><tr><th colspan="3">${run.kind}, ${when(run.at)}
+      ${run.platform ? badge(run.platform.startsWith("mixed") ? "unknown" : run.platform) : ""}</th></tr>` +
+      (run.error ? `<tr><td colspan="3" class="down">unreadable: ${attr(run.error)}</td></tr>` : "") +
+      (run.figures.length === 0 && !run.error ? `<tr><td colspan="3" class="empty">no figure in this run</td></tr>` : "") +
+      run.figures.map(x => `<tr class="figure" data-platform="${attr(x.platform || "unknown")}"><td>${attr(x.what)}</td>
+        <td class="figure">${x.value} ${attr(x.unit)}</td><td>${badge(x.platform)}</td></tr>`).join("") + "</table>").join("");
+  document.querySelector("#open ul").innerHTML = f.open.length === 0 ? `<li class="nothing">nothing open</li>` :
+    f.open.map(i => `<li data-what="${attr(i.what)}"><b>${attr(i.what)}</b>: ${attr(i.where)}${i.detail ? " (" + attr(i.detail) + ")" : ""}</li>`).join("");
+}
+
 // Throttle events as red vertical lines, down periods starting with grey ones.
 function eventMarks(events) {
   return u => {
@@ -108,6 +127,7 @@ async function main() {
     span.from = Math.floor(new Date(p.get("from")).getTime() / 1000);
     span.to = p.get("to") ? Math.floor(new Date(p.get("to")).getTime() / 1000) : Math.floor(Date.now() / 1000);
   }
+  fleetSections(await getJSON("/api/fleet"));
   const status = await getJSON("/api/nodes");
   statusTable(status.nodes, status.now);
   const charts = document.getElementById("charts");

@@ -1,0 +1,258 @@
+"""The fleet's one page, written by the fleet: what runs, the numbers that matter, what is open.
+
+- What runs: every service that exports metrics (the exposure table's rows, in fleet.json), scraped by the
+  collector with the credential its service keeps, and every vcamon agent.
+- The numbers that matter: the newest GEMM, DMA and capacity records under records_dir (the bench
+  playbooks publish each run there), every figure with its run's date and its own ``platform`` label.
+- What is open: dead nodes, throttle events in the last 24 h, services down, smem's failed documents,
+  dead workers and stuck queue, the farm's failed and stuck jobs, drained or leased workers.
+
+fleet.json: {"services": [{"job": "smem", "node": "vca-host", "url": "http://127.0.0.1:8787/metrics",
+"credential_file": "/etc/smem/metrics.token", "credential_json_key": null}], "records_dir": "/var/lib/vcamon/records"}
+"""
+
+from __future__ import annotations
+
+import calendar
+import json
+import os
+import re
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+DAY_S = 86400
+# The metrics what-is-open reads, by service; everything else a service exports is Prometheus' business.
+READ = {
+    "smem": {"smem_documents", "smem_worker_up", "smem_queue_oldest_due_age_seconds",
+             "smem_queue_last_progress_age_seconds", "smem_lane_node_leased"},
+    "farm": {"farm_jobs", "farm_job_last_progress_age_seconds"},
+    "haproxy": {"haproxy_server_status"},
+}
+STUCK_QUEUE_S = 600        # the same bounds as the alerts (roles/prometheus/files/vcafleet-rules.yml)
+STUCK_JOB_S = 900
+_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="vcamon-fleet")   # a slow service delays no other
+RUN_DIR = re.compile(r"^(gemm|dma|capacity)-(\d{8}T\d{6}Z)$")
+
+
+def load_config(path):
+    """fleet.json, checked: a clear ValueError names what is wrong."""
+    with open(path) as fh:
+        config = json.load(fh)
+    if not isinstance(config, dict) or not isinstance(config.get("services", []), list):
+        raise ValueError("%s: expected {\"services\": [...], \"records_dir\": ...}" % path)
+    for i, s in enumerate(config.get("services", [])):
+        if not isinstance(s, dict) or not all(isinstance(s.get(k), str) and s[k] for k in ("job", "node", "url")):
+            raise ValueError("%s: service %d needs 'job', 'node' and 'url'" % (path, i))
+    return {"services": config.get("services", []), "records_dir": config.get("records_dir") or None}
+
+
+def credential(service):
+    """The token the service takes, read where its service keeps it (at each scrape: it may appear later)."""
+    path = service.get("credential_file")
+    if not path:
+        return None
+    text = Path(path).read_text()
+    key = service.get("credential_json_key")
+    return str(json.loads(text)[key]) if key else text.strip()
+
+
+def scrape_service(service, timeout=5.0):
+    """{job, node, url, up, error, samples: [[name, labels, value], ...]} for one service."""
+    out = {k: service[k] for k in ("job", "node", "url")}
+    out.update(up=False, error=None, samples=[])
+    try:
+        request = urllib.request.Request(service["url"])
+        token = credential(service)
+        if token:
+            request.add_unredirected_header("Authorization", "Bearer " + token)
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            text = resp.read().decode("utf-8")
+        wanted = READ.get(service["job"], ())
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name in wanted:
+                    out["samples"].append([s.name, s.labels, s.value])
+        out["up"] = True
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        out["error"] = "HTTP %d" % exc.code
+    except Exception as exc:  # one service's failure is its row's state, never the round's end
+        out["error"] = "%s: %s" % (type(exc).__name__, exc)
+    return out
+
+
+def scrape_services(config, timeout=5.0, now=None):
+    """What the collector keeps (the store's meta 'fleet'): the services' state and where the records are."""
+    return {"at": int(now or time.time()), "records_dir": config["records_dir"],
+            "services": list(_POOL.map(lambda s: scrape_service(s, timeout), config["services"]))}
+
+
+def _when(stamp):
+    """'20261206T011500Z' -> epoch seconds."""
+    return calendar.timegm(time.strptime(stamp, "%Y%m%dT%H%M%SZ"))
+
+
+def _gflops(result):
+    try:
+        return float(result["record"]["results"][-1]["gflops"]), result["record"].get("platform", "unknown")
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None, None
+
+
+def _gemm(run):
+    figures = []
+    for f in sorted(run.glob("*.json")):
+        r = json.loads(f.read_text())
+        for side, key in (("OpenCL", "opencl"), ("CPU", "cpu")):
+            value, platform = _gflops(r.get(key))
+            if value is not None:
+                figures.append({"what": "%s %s" % (r.get("host", f.stem), side), "value": round(value, 1),
+                                "unit": "GFLOP/s", "platform": platform})
+    return figures
+
+
+def _dma(run):
+    figures = []
+    for f in sorted(run.glob("*.json")):
+        if f.name == "ring.json":
+            continue
+        r = json.loads(f.read_text())
+        record = (r.get("result") or {}).get("record")
+        if not record:
+            continue
+        for engine in record.get("engines", []):
+            mibps = [leg["mibps"] for leg in engine.get("legs", []) if leg.get("mibps") is not None]
+            if mibps:
+                figures.append({"what": "%s %s best leg" % (r.get("host", f.stem), engine.get("path", "engine")),
+                                "value": round(max(mibps)), "unit": "MiB/s", "platform": record.get("platform")})
+    return figures
+
+
+def _capacity(run):
+    record = json.loads((run / "record.json").read_text())
+    return [{"what": leg["setup"], "value": round(leg["tok_s"], 1), "unit": "tok/s",
+             "platform": leg.get("platform") or record.get("platform")}
+            for leg in record.get("legs", []) if leg.get("tok_s") is not None]
+
+
+def latest_records(records_dir):
+    """The newest run of each kind: [{kind, run, at, platform, figures, error?}] (a run it cannot read says so)."""
+    if not records_dir or not os.path.isdir(records_dir):
+        return []
+    newest = {}
+    for entry in Path(records_dir).iterdir():
+        m = RUN_DIR.match(entry.name)
+        if m and entry.is_dir() and m.group(2) > newest.get(m.group(1), ("", None))[0]:
+            newest[m.group(1)] = (m.group(2), entry)
+    out = []
+    for kind in ("gemm", "dma", "capacity"):
+        if kind not in newest:
+            continue
+        stamp, run = newest[kind]
+        item = {"kind": kind, "run": run.name, "at": _when(stamp), "figures": [], "platform": None}
+        try:
+            item["figures"] = {"gemm": _gemm, "dma": _dma, "capacity": _capacity}[kind](run)
+            labels = sorted({f["platform"] or "unknown" for f in item["figures"]})
+            item["platform"] = labels[0] if len(labels) == 1 else ("mixed: " + ", ".join(labels) if labels else None)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            item["error"] = "%s: %s" % (type(exc).__name__, exc)
+        out.append(item)
+    return out
+
+
+def _samples(service, name):
+    return [(labels, value) for n, labels, value in service["samples"] if n == name]
+
+
+def _smem_open(s):
+    items = [{"what": "failed documents", "where": "smem", "detail": "%d failed" % v}
+             for labels, v in _samples(s, "smem_documents") if labels.get("status") == "failed" and v > 0]
+    items += [{"what": "worker dead", "where": "smem " + labels.get("worker", "?"), "detail": ""}
+              for labels, v in _samples(s, "smem_worker_up") if v == 0]
+    ages = {n: v for n, _, v in s["samples"] if n.startswith("smem_queue_")}
+    if min(ages.values(), default=0) > STUCK_QUEUE_S:
+        items.append({"what": "queue stuck", "where": "smem",
+                      "detail": "a due job has waited %d s" % ages["smem_queue_oldest_due_age_seconds"]})
+    items += [{"what": "node leased", "where": labels.get("node", "?"),
+               "detail": "smem's %s lane lends it out" % labels.get("lane", "?")}
+              for labels, v in _samples(s, "smem_lane_node_leased") if v == 1]
+    return items
+
+
+def _farm_open(s):
+    items = [{"what": "failed jobs", "where": "farm", "detail": "%d failed (farm status)" % v}
+             for labels, v in _samples(s, "farm_jobs") if labels.get("state") == "failed" and v > 0]
+    items += [{"what": "job stuck", "where": "farm job " + labels.get("job_id", "?"),
+               "detail": "no progress for %d s" % v}
+              for labels, v in _samples(s, "farm_job_last_progress_age_seconds") if v > STUCK_JOB_S]
+    return items
+
+
+def _haproxy_open(s):
+    return [{"what": "worker drained", "where": labels.get("server", "?"), "detail": "HAProxy: %s" % labels["state"]}
+            for labels, v in _samples(s, "haproxy_server_status")
+            if v == 1 and labels.get("state") in ("DRAIN", "MAINT") and labels.get("proxy") == "llm_workers"]
+
+
+OPEN_BY_JOB = {"smem": _smem_open, "farm": _farm_open, "haproxy": _haproxy_open}
+
+
+def open_items(nodes, services):
+    """What needs an owner's look, most serious first: [{what, where, detail}]."""
+    items = [{"what": "node down", "where": n["node"],
+              "detail": "vcactl: %s; agent: %s" % (n["vca_state"] or "-", n["error"] or "up")}
+             for n in nodes if n["vca_state"] == "link_down" or n["up"] is False]
+    items += [{"what": "service down", "where": "%s on %s" % (s["job"], s["node"]), "detail": s["error"]}
+              for s in services if not s["up"]]
+    for s in services:
+        items += OPEN_BY_JOB.get(s["job"], lambda _: [])(s)
+    items += [{"what": "throttle events", "where": n["node"], "detail": "%d in 24 h" % n["throttle_24h"]}
+              for n in nodes if n["throttle_24h"]]
+    return items
+
+
+def view(store, now=None):
+    """The three sections, as /api/fleet serves them and `vcamon fleet` prints them."""
+    now = int(now or time.time())
+    nodes = store.status(now)
+    scraped = json.loads(store.meta("fleet") or "{}")
+    services = scraped.get("services", [])
+    runs = [{"service": "vcamon agent", "node": n["node"], "up": bool(n["up"]), "error": n["error"]} for n in nodes]
+    runs += [{"service": s["job"], "node": s["node"], "up": s["up"], "error": s["error"]} for s in services]
+    return {"now": now, "scraped_at": scraped.get("at"), "runs": runs,
+            "numbers": latest_records(scraped.get("records_dir")), "open": open_items(nodes, services)}
+
+
+def _day(ts):
+    return time.strftime("%Y-%m-%d %H:%M", time.gmtime(ts)) + " UTC" if ts else "-"
+
+
+def text(view):
+    """`vcamon fleet`: the page's three sections as text."""
+    lines = ["what runs (services scraped %s):" % _day(view["scraped_at"])]
+    width = max([len(r["service"]) for r in view["runs"]] + [7])
+    for r in view["runs"]:
+        lines.append("  %-*s  %-10s  %s" % (width, r["service"], r["node"], "up" if r["up"] else
+                                             "DOWN (%s)" % (r["error"] or "no answer")))
+    lines.append("numbers that matter (the newest bench records):")
+    if not view["numbers"]:
+        lines.append("  no bench record yet (ansible-playbook playbooks/bench/gemm.yml, dma.yml, capacity.yml)")
+    for run in view["numbers"]:
+        lines.append("  %s, %s, platform: %s" % (run["kind"], _day(run["at"]), run["platform"] or "-"))
+        if run.get("error"):
+            lines.append("    unreadable: %s" % run["error"])
+        if not run["figures"] and not run.get("error"):
+            lines.append("    no figure (see %s/table.md)" % run["run"])
+        for f in run["figures"]:
+            lines.append("    %-32s %10s %-8s %s" % (f["what"], f["value"], f["unit"], f["platform"] or "-"))
+    lines.append("what is open:")
+    if not view["open"]:
+        lines.append("  nothing")
+    for item in view["open"]:
+        lines.append("  %-17s %-28s %s" % (item["what"], item["where"], item["detail"] or ""))
+    return "\n".join(lines)
