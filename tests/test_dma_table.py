@@ -9,6 +9,7 @@ from pathlib import Path
 
 import jinja2
 import pytest
+import yaml
 from ansible.module_utils import vca_dma as dma
 from ansible.plugins.filter.core import FilterModule
 from test_vca_dma import KIB, SEED, T0, FakeClock, FakeEngine, pci_tree
@@ -154,3 +155,10 @@ def test_the_lab_without_an_engine_has_no_figure_and_no_ring_figure(tmp_path, ca
     (row,) = [line for line in text.splitlines() if "NOT pipelined" in line]
     assert cells(row)[3] == "NOT pipelined: no pipelined ring ran"
     assert text.rstrip().endswith("- vca-node0: unsupported: no PLX DMA engine found")
+
+
+def test_the_matrix_runs_one_machine_at_a_time():
+    """Every engine shares the card's switch: a machine's figure is its own only when no other copies."""
+    plays = yaml.safe_load((ROOT / "playbooks/bench/dma.yml").read_text())
+    [matrix] = [p for p in plays if p["name"] == "DMA matrix where an engine is bound"]
+    assert matrix["serial"] == 1

@@ -13,6 +13,7 @@ import shlex
 import time
 from pathlib import Path
 
+import jsonschema
 import pytest
 import testinfra
 
@@ -424,3 +425,69 @@ def test_the_fleet_page_shows_what_runs_the_numbers_and_what_is_open():
         i for i in view["open"] if i["where"] == "vca-node3").items(), view["open"]
     text = host.check_output("vcamon fleet")
     assert text.index("what runs") < text.index("numbers that matter") < text.index("what is open"), text
+
+
+EVIDENCE_SCHEMA = PROJECT / "playbooks/files/evidence-bundle.schema.json"
+CARD_ONLY = {"image_esp_boot", "image_root_partuuid", "image_console_ttys0", "image_node_packages",
+             "image_volatile_boot", "dma"}
+
+
+def evidence(tmp_path, *args):
+    env = f"VCA_LAB_NAME={LAB} ANSIBLE_CONFIG={PROJECT}/ansible.cfg ANSIBLE_NOCOLOR=1"
+    return LOCAL.run(f"cd {PROJECT} && {env} ansible-playbook -i {INVENTORY} playbooks/verify-hardware.yml "
+                     + " ".join(shlex.quote(a) for a in args))
+
+
+def test_verify_hardware_in_check_mode_lists_the_checks_and_writes_nothing(tmp_path):
+    run = evidence(tmp_path, "--check", "-e", f"vca_evidence_dir={tmp_path}/bundle")
+    assert run.rc == 0, run.stdout[-3000:]
+    for name in ("rapl", "image_esp_boot", "gemm", "dma", "capacity", "farm_example", "smem_search"):
+        assert name in run.stdout, name
+    assert not (tmp_path / "bundle").exists()
+    assert re.search(r"^vca-host\s+: ok=\d+\s+changed=0 ", run.stdout, re.M), run.stdout[-1500:]
+
+
+def test_verify_hardware_never_takes_a_dead_node(tmp_path):
+    run = evidence(tmp_path, "-e", "vca_evidence_node=vca-node3", "-e", f"vca_evidence_dir={tmp_path}/b")
+    assert run.rc != 0 and "a node in group dead is never touched" in run.stdout, run.stdout[-2000:]
+    assert not (tmp_path / "b").exists()
+
+
+def test_verify_hardware_brings_back_a_lab_labelled_bundle_with_no_secret(tmp_path):
+    """(issue 29) The bundle validates, every figure is lab, every card-only check is skipped with its
+    reason, and neither a planted secret nor any of the lab's credentials is in any of its files."""
+    credentials = Path("/var/lib/vcafleet-lab") / LAB / "credentials"
+    canary = "evidence-canary-" + os.urandom(12).hex()
+    (credentials / "evidence-canary").write_text(canary + "\n")     # a credential the run carries (below)
+    try:
+        gemm = json.dumps({"vca_bench_sizes": [96], "vca_bench_both_seconds": 2, "vca_bench_tune_budget": 4,
+                           "planted": canary})
+        run = evidence(tmp_path, "-e", f"vca_evidence_dir={tmp_path}/bundle", "-e",
+                       json.dumps({"vca_evidence_gemm": json.loads(gemm)}))
+    finally:
+        (credentials / "evidence-canary").unlink()
+    assert run.rc == 0, run.stdout[-4000:]
+    bundle = json.loads((tmp_path / "bundle/bundle.json").read_text())
+    jsonschema.validate(bundle, json.loads(EVIDENCE_SCHEMA.read_text()))
+    checks = {c["name"]: c for c in bundle["checks"]}
+    assert set(checks) == CARD_ONLY | {"rapl", "gemm", "capacity", "farm_example", "smem_search"}
+    for name in CARD_ONLY:
+        assert checks[name]["result"] == "skipped" and "needs hardware" in checks[name]["reason"], checks[name]
+    assert checks["capacity"]["result"] == "skipped"                    # this lab has no LLM workers
+    for name in ("rapl", "gemm", "farm_example", "smem_search"):
+        assert checks[name]["result"] == "pass", checks[name]
+        assert checks[name]["figures"] and {f["platform"] for f in checks[name]["figures"]} == {"lab"}, checks[name]
+    assert all("vca-node3" not in json.dumps(c["figures"]) and c["host"] != "vca-node3" for c in bundle["checks"])
+    summary = (tmp_path / "bundle/SUMMARY.md").read_text()
+    assert "| gemm | gemm | pass |" in summary and "needs hardware" in summary
+    secrets = {canary, machine("host").check_output("cat /etc/smem/admin.token").strip()}
+    secrets |= {w for f in credentials.iterdir() if f.is_file() for w in f.read_text().split() if len(w) >= 12
+                and not w.startswith("{")}
+    files = [f for f in (tmp_path / "bundle").rglob("*") if f.is_file()]
+    assert len(files) > 5
+    for f in files:
+        text = f.read_text(errors="replace")
+        assert "PRIVATE KEY" not in text, f
+        leaked = [s[:6] + "..." for s in secrets if s in text]
+        assert not leaked, (f, leaked)
+    assert "[redacted]" in json.dumps(checks["gemm"]["command"])          # the planted one, found and scrubbed

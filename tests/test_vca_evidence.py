@@ -1,0 +1,139 @@
+"""The hardware evidence bundle (module_utils/vca_evidence.py): verdicts by kind, a card-only check never
+passing off a card, every figure with its platform, no secret in any file, and the schema."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+from ansible.module_utils.vca_evidence import build, scrub, secrets_from
+
+REPO = Path(__file__).resolve().parent.parent
+SCHEMA = json.loads((REPO / "playbooks/files/evidence-bundle.schema.json").read_text())
+LAB = {"platform": "lab", "platform_evidence": {"lab_marker": "vcasim"}}
+CARD = {"platform": "hardware", "platform_evidence": {"vca_pci": ["0000:03:00.0 8086:2954"]}}
+TOKEN = "Zq8sV0t9Lrp2Wm4xYb6n"            # made up for the test: the "credential" that must never show
+KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----"
+
+
+def check(name, kind, host=None, **kw):
+    return dict({"name": name, "tag": name, "kind": kind, "host": host, "command": "cmd " + name,
+                 "started": "2026-12-06T00:00:00", "ended": "2026-12-06T00:00:01"}, **kw)
+
+
+def command_output(stdout, rc=0):
+    return {"rc": rc, "stdout": stdout, "stderr": "", "start": "s", "end": "e"}
+
+
+def gemm_run(raw, platform):
+    run = raw / "gemm" / "gemm-20261206T000000Z"
+    run.mkdir(parents=True)
+    result = {"record": {"platform": platform, "results": [
+        {"n": 96, "gflops": 1.234, "verification": {"passed": True}}]}}
+    (run / "vca-node0.json").write_text(json.dumps({"host": "vca-node0", "opencl": result, "cpu": result}))
+
+
+def make(tmp_path, checks, platforms, secrets=()):
+    raw = tmp_path / "bundle" / "raw"
+    raw.mkdir(parents=True)
+    return raw, lambda: build(checks, platforms, tmp_path / "bundle", {
+        "host": "vca-host", "inventory": "inventory/lab", "generated": "2026-12-06T00:00:00Z",
+        "generated_by": "playbooks/verify-hardware.yml"}, set(secrets))
+
+
+def test_a_card_only_check_is_skipped_off_a_card_even_when_its_command_would_pass(tmp_path):
+    out = command_output("BOOT_IMAGE=/vmlinuz root=PARTUUID=abc console=ttyS0")
+    _, run = make(tmp_path, [check("image_esp_boot", "node_command", "vca-node0", output=out,
+                                   expect=["root=PARTUUID="])], {"vca-node0": LAB})
+    [c] = run()["checks"]
+    assert c["result"] == "skipped" and c["reason"].startswith("needs hardware"), c
+
+
+def test_on_a_card_the_image_checks_pass_or_fail_by_their_output(tmp_path):
+    checks = [check("image_esp_boot", "node_command", "vca-node0",
+                    output=command_output("root=PARTUUID=abc console=ttyS0"), expect=["root=PARTUUID="]),
+              check("image_root_partuuid", "node_command", "vca-node0",
+                    output=command_output("/dev/vda2"), expect=["^/dev/vcablk0p2$"]),
+              check("image_volatile_boot", "node_command", "vca-node0",
+                    output={"skipped": True, "skip_reason": "by hand: docs/SETUP.md"})]
+    _, run = make(tmp_path, checks, {"vca-node0": CARD})
+    results = {c["name"]: (c["result"], c["reason"]) for c in run()["checks"]}
+    assert results == {"image_esp_boot": ("pass", ""),
+                       "image_root_partuuid": ("fail", "not in the output: ^/dev/vcablk0p2$"),
+                       "image_volatile_boot": ("skipped", "by hand: docs/SETUP.md")}
+
+
+def test_figures_carry_their_platform_and_the_dma_without_an_engine_is_skipped(tmp_path):
+    raw, run = make(tmp_path, [check("gemm", "gemm", output={"rc": 0}), check("dma", "dma", output={"rc": 0})],
+                    {"vca-node0": LAB})
+    gemm_run(raw, "lab")
+    (raw / "dma" / "dma-20261206T000000Z").mkdir(parents=True)
+    (raw / "dma" / "dma-20261206T000000Z" / "vca-node0.json").write_text(json.dumps(
+        {"host": "vca-node0", "result": {"msg": "no PLX DMA engine bound to vca_dma"}}))
+    bundle = run()
+    gemm, dma = bundle["checks"]
+    assert gemm["result"] == "pass" and gemm["platform"] == "lab"
+    assert [(f["what"], f["value"], f["platform"]) for f in gemm["figures"]] == [
+        ("vca-node0 OpenCL SGEMM 96", 1.2, "lab"), ("vca-node0 CPU SGEMM 96", 1.2, "lab")]
+    assert gemm["raw"] == ["raw/gemm/gemm-20261206T000000Z/vca-node0.json"]
+    assert dma["result"] == "skipped" and dma["reason"].startswith("needs hardware"), dma
+    assert bundle["counts"] == {"pass": 1, "fail": 0, "skipped": 1}
+    jsonschema.validate(bundle, SCHEMA)
+
+
+def test_rapl_is_checked_against_the_inventorys_caps(tmp_path):
+    reading = {"platform": "lab", "package_power_w": 21.04,
+               "limits": {"long_term": {"power_limit_w": 45.0}, "short_term": {"power_limit_w": 56.25}}}
+    capped = dict(reading, limits={"long_term": {"power_limit_w": 35.0}, "short_term": {"power_limit_w": 40.0}})
+    rapl = check("rapl", "rapl", output={"vca-node0": reading, "vca-node4": capped},
+                 expect_caps={"vca-node0": {"long_term": None, "short_term": None},
+                              "vca-node4": {"long_term": 35, "short_term": 45}})
+    _, run = make(tmp_path, [rapl], {"vca-node0": LAB, "vca-node4": LAB})
+    [c] = run()["checks"]
+    assert c["result"] == "fail" and c["reason"] == "vca-node4 short_term is 40.0 W, the inventory says 45 W"
+    assert ("vca-node4 PL1", 35.0, "lab") in [(f["what"], f["value"], f["platform"]) for f in c["figures"]]
+
+
+def test_the_services_pass_only_on_what_their_scripts_saw(tmp_path):
+    farm = check("farm_example", "farm_job", "vca-host", label="lab", output=command_output(
+        '{"ok": true, "job": "j1", "frames": 90, "seconds": 41.5, "reason": ""}'))
+    smem = check("smem_search", "smem_search", "vca-host", label="lab", output=command_output(
+        '{"found": false, "reason": "the sentence was not found (HTTP 200)"}', rc=1))
+    _, run = make(tmp_path, [farm, smem], {"vca-host": LAB})
+    f, s = run()["checks"]
+    assert f["result"] == "pass" and ("example job frames", 90, "lab") == tuple(
+        f["figures"][0][k] for k in ("what", "value", "platform"))
+    assert s["result"] == "fail" and s["reason"] == "the sentence was not found (HTTP 200)"
+
+
+def test_no_secret_in_any_file_of_the_bundle(tmp_path):
+    creds = tmp_path / "credentials"
+    creds.mkdir()
+    (creds / "vcamon-agent-vca-node0").write_text(TOKEN + "\n")
+    (creds / "lane-keys.json").write_text(json.dumps({"vca-node0": "k3yK3yK3yK3yK3y"}))   # a key map: host -> key
+    leaky = command_output("token=%s\n%s\nkey k3yK3yK3yK3yK3y\n" % (TOKEN, KEY))
+    _, run = make(tmp_path, [check("image_esp_boot", "node_command", "vca-node0", output=leaky,
+                                   expect=["nothing"])], {"vca-node0": CARD}, secrets_from([creds]))
+    bundle = run()
+    files = [p for p in (tmp_path / "bundle").rglob("*") if p.is_file()]
+    assert len(files) >= 3
+    for f in files:
+        text = f.read_text()
+        assert TOKEN not in text and "k3yK3yK3yK3yK3y" not in text and "PRIVATE KEY" not in text, f
+    assert "[redacted]" in (tmp_path / "bundle/raw/image_esp_boot.stdout.txt").read_text()
+    assert bundle["checks"][0]["result"] == "fail"
+    assert bundle["checks"][0]["host"] == "vca-node0"          # a key map's host names are not secrets
+
+
+def test_scrub_replaces_the_longest_secret_first():
+    assert scrub("abcdefgh12345678", {"abcdefgh", "abcdefgh12345678"}) == "[redacted]"
+
+
+def test_the_schema_refuses_a_skip_without_its_reason(tmp_path):
+    _, run = make(tmp_path, [check("dma", "dma", output={"rc": 0})], {})
+    bundle = run()
+    bundle["checks"][0]["reason"] = ""
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bundle, SCHEMA)
