@@ -232,10 +232,12 @@ def test_an_agent_is_not_started_with_a_bad_token(node_tree, token):
 def test_the_token_file_reaches_the_agent(node_tree, tmp_path, monkeypatch):
     (tmp_path / "token").write_text(AGENT_TOKEN + "\n")
     seen = {}
-    monkeypatch.setattr(agent_module, "serve", lambda *args, token=None, filesystems=None: seen.update(
-        args=args, token=token, filesystems=filesystems))
+    monkeypatch.setattr(agent_module, "serve", lambda *args, token=None, filesystems=None, units=(): seen.update(
+        args=args, token=token, filesystems=filesystems, units=units))
     assert main(["agent", "--node", "n", "--listen", "127.0.0.1:0", "--token-file", str(tmp_path / "token")]) == 0
-    assert seen["token"] == AGENT_TOKEN and seen["filesystems"] == ["/"]
+    assert seen["token"] == AGENT_TOKEN and seen["filesystems"] == ["/"] and seen["units"] == []
+    main(["agent", "--node", "n", "--listen", "127.0.0.1:0", "--unit", "smem.service", "--unit", "farm-*.service"])
+    assert seen["units"] == ["smem.service", "farm-*.service"]
     main(["agent", "--node", "n", "--listen", "127.0.0.1:0", "--filesystem", "/var", "--filesystem", "/srv"])
     assert seen["filesystems"] == ["/var", "/srv"]
     main(["agent", "--node", "n", "--listen", "127.0.0.1:0"])

@@ -14,6 +14,7 @@ from PIL import Image
 from test_web import CHROMIUM, chromium, request
 
 from vcamon import cli, fleet
+from vcamon.agent import parse_units, start_agent
 from vcamon.collector import Collector
 from vcamon.store import Scrape, Store
 from vcamon.web import start_web
@@ -210,8 +211,8 @@ def collected(tmp_path, config, records):
 def test_the_collector_keeps_the_services_and_the_cli_prints_three_sections(collected, capsys):
     view = fleet.view(Store(collected))
     assert {(r["service"], r["node"], r["up"]) for r in view["runs"]} >= {
-        ("vcamon agent", "vca-node0", True), ("vcamon agent", "vca-node3", False), ("smem", "vca-host", True),
-        ("llama-server", "vca-node0", False)}
+        ("vcamon agent", "vca-node0", True), ("vcamon agent", "vca-node3", False),
+        ("smem metrics", "vca-host", True), ("llama-server metrics", "vca-node0", False)}
     assert [r["kind"] for r in view["numbers"]] == ["gemm", "dma", "capacity"]
     assert cli.main(["fleet", "--db", collected]) == 0
     out = capsys.readouterr().out
@@ -234,7 +235,7 @@ def test_the_page_shows_the_three_sections_with_data(collected, tmp_path):
         assert CHROMIUM, "chromium is not installed (scripts/bootstrap-host.sh installs it)"
         dom = chromium("--dump-dom", base + "/?range=1h").stdout
         assert 'data-ready="1"' in dom, dom[-2000:]
-        assert '<tr data-service="smem" data-node="vca-host">' in dom
+        assert '<tr data-service="smem metrics" data-node="vca-host">' in dom
         assert '<table data-kind="gemm">' in dom and "412.3 GFLOP/s" in dom and 'data-platform="lab"' in dom
         assert '<li data-what="worker drained"><b>worker drained</b>: vca-node1' in dom
         shot = tmp_path / "fleet.png"
@@ -250,3 +251,43 @@ def test_the_page_shows_the_three_sections_with_data(collected, tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+SYSTEMCTL = """smem.service                 loaded active running smem: agent memory
+farm-worker.service          loaded failed failed  farm: a node's Celery worker
+llama-server-smem-embed.service loaded activating start llama-server
+ghost.service                not-found inactive dead ghost.service
+"""
+
+
+def test_systemctls_list_is_read_as_each_loaded_services_state():
+    assert parse_units(SYSTEMCTL) == {"smem.service": "active", "farm-worker.service": "failed",
+                                      "llama-server-smem-embed.service": "activating"}
+
+
+def test_an_agents_services_reach_what_runs_and_what_is_open(tmp_path, monkeypatch, node_tree):
+    """The agent asks systemctl (here a script that answers as it does) for its patterns' services; the
+    collector keeps them; the fleet page shows each and a service that is not active is open."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "systemctl").write_text("#!/bin/sh\necho \"$*\" > %s/args\ncat <<'EOF'\n%sEOF\n" % (tmp_path, SYSTEMCTL))
+    (bindir / "systemctl").chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:%s" % (bindir, os.environ["PATH"]))
+    server, stop = start_agent("127.0.0.1:0", "vca-node0", str(node_tree.root), sample_interval=0.2,
+                               units=("smem.service", "farm-*.service"))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = "http://127.0.0.1:%d/metrics" % server.server_address[1]
+        store = Store(str(tmp_path / "vcamon.db"))
+        Collector(store, [{"node": "vca-node0", "url": url}], interval=5).round()
+        view = fleet.view(store)
+    finally:
+        stop.set()
+        server.shutdown()
+        server.server_close()
+    assert (tmp_path / "args").read_text().split()[-2:] == ["smem.service", "farm-*.service"]
+    runs = {(r["service"], r["node"]): (r["up"], r["error"]) for r in view["runs"]}
+    assert runs[("smem", "vca-node0")] == (True, None)
+    assert runs[("farm-worker", "vca-node0")] == (False, "failed")
+    assert {"what": "service not active", "where": "farm-worker.service on vca-node0",
+            "detail": "failed"} in view["open"]

@@ -414,9 +414,12 @@ def test_the_fleet_page_shows_what_runs_the_numbers_and_what_is_open():
     host = machine("host")
     view = json.loads(host.check_output("vcamon fleet --json"))
     runs = {(r["service"], r["node"]): r["up"] for r in view["runs"]}
-    for service in [("smem", "vca-host"), ("farm", "vca-host"), ("vcamon agent", "vca-node0"),
-                    ("llama-server", "vca-node0"), ("llama-server", "vca-node4")]:
+    for service in [("smem metrics", "vca-host"), ("farm metrics", "vca-host"), ("vcamon agent", "vca-node0"),
+                    ("llama-server metrics", "vca-node0"), ("llama-server metrics", "vca-node4"),
+                    ("smem", "host"), ("farm-coordinator", "host"), ("farm-api", "host"), ("rabbitmq-server", "host"),
+                    ("prometheus", "host"), ("farm-worker", "vca-node0"), ("farm-worker", "vca-node4")]:
         assert runs.get(service) is True, (service, view["runs"])
+    assert any(s.startswith("llama-server-smem-") and up for (s, node), up in runs.items() if node == "vca-node0")
     assert runs[("vcamon agent", "vca-node3")] is False
     [gemm] = [r for r in view["numbers"] if r["kind"] == "gemm"]
     assert gemm["platform"] == "lab" and gemm["figures"], gemm

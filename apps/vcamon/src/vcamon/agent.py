@@ -79,9 +79,11 @@ class PowerMeter:
 class Sensors:
     """One reading of a node: temperatures, package power, limits, throttle counters, vcactl states."""
 
-    def __init__(self, sysfs_root="/sys", vcactl=None, clock=time.monotonic, sample_interval=5.0,
-                 filesystems=("/",)):
+    def __init__(self, sysfs_root="/sys", vcactl=None, clock=time.monotonic, sample_interval=5.0, *,
+                 filesystems=("/",), units=()):
         self.sysfs = Sysfs(sysfs_root)
+        self.units = tuple(units)
+        self._units = TimedCache(self._run_systemctl, sample_interval, clock)
         self.filesystems = tuple(filesystems)
         self.vcactl = vcactl
         self.clock = clock
@@ -139,6 +141,21 @@ class Sensors:
             return None
         return parse_status(out.stdout)
 
+    def unit_states(self):
+        """{unit: ActiveState} of the services matching the unit patterns, read at most once per interval."""
+        if not self.units:
+            return None
+        return self._units.get()
+
+    def _run_systemctl(self):
+        try:
+            out = subprocess.run(["systemctl", "list-units", "--type=service", "--all", "--plain", "--no-legend",
+                                  "--no-pager", *self.units], capture_output=True, text=True, timeout=10, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            LOG.warning("systemctl list-units failed: %s", exc)
+            return None
+        return parse_units(out.stdout)
+
     def read(self):
         zone = rapl_package_zone(self.sysfs)
         limits = constraints(self.sysfs, zone) if zone else {}
@@ -153,7 +170,18 @@ class Sensors:
             "vca": self.vca_states(),
             "platform": self.platform(),
             "filesystems": self.free_space(),
+            "units": self.unit_states(),
         }
+
+
+def parse_units(text):
+    """`systemctl list-units --plain --no-legend` into {unit: ActiveState}; units not loaded are left out."""
+    states = {}
+    for line in text.splitlines():
+        parts = line.split(None, 4)
+        if len(parts) >= 4 and parts[0].endswith(".service") and parts[1] == "loaded":
+            states[parts[0]] = parts[2]
+    return states
 
 
 def _limit_families(limits):
@@ -216,6 +244,12 @@ def families(reading, node):
         out.append(_throttle_family(throttle))
     if reading["vca"] is not None:
         out.append(_vca_family(reading["vca"]))
+    if reading.get("units"):
+        units = GaugeMetricFamily("vcamon_unit_active", "1 while the service is active; its ActiveState as a label",
+                                  labels=["unit", "state"])
+        for unit, state in sorted(reading["units"].items()):
+            units.add_metric([unit, state], 1 if state == "active" else 0)
+        out.append(units)
     if reading.get("filesystems"):
         free = GaugeMetricFamily("vcamon_filesystem_free_bytes", "free space a service may use", labels=["mountpoint"])
         size = GaugeMetricFamily("vcamon_filesystem_size_bytes", "the filesystem's size", labels=["mountpoint"])
@@ -244,14 +278,15 @@ def exposition(sensors, node):
 
 
 def start_agent(listen, node, sysfs_root="/sys", vcactl=None, sample_interval=5.0, *, token=None,
-                clock=time.monotonic, filesystems=("/",)):
+                clock=time.monotonic, filesystems=("/",), units=()):
     """The agent's HTTP server (not yet serving) and the event that stops its power sampler.
 
     With token, every request must carry it (Authorization: Bearer), else 401.
     """
     if token is not None:
         check_token(token)     # configured but empty or malformed: refuse to start, never serve it open
-    sensors = Sensors(sysfs_root, vcactl, clock=clock, sample_interval=sample_interval, filesystems=filesystems)
+    sensors = Sensors(sysfs_root, vcactl, clock=clock, sample_interval=sample_interval, filesystems=filesystems,
+                      units=units)
     stop = threading.Event()
 
     def sampler():
@@ -300,10 +335,11 @@ def start_agent(listen, node, sysfs_root="/sys", vcactl=None, sample_interval=5.
     return server, stop
 
 
-def serve(listen, node, sysfs_root="/sys", vcactl=None, sample_interval=5.0, *, token=None, filesystems=("/",)):
+def serve(listen, node, sysfs_root="/sys", vcactl=None, sample_interval=5.0, *, token=None, filesystems=("/",),
+          units=()):
     """Run the agent until interrupted."""
     server, stop = start_agent(listen, node, sysfs_root, vcactl, sample_interval, token=token,
-                               filesystems=filesystems)
+                               filesystems=filesystems, units=units)
     LOG.info("vcamon agent for %s on %s (%s:%d, sysfs %s)%s", node, listen, *server.server_address[:2], sysfs_root,
              "; token required" if token else "")
     try:

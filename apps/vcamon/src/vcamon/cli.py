@@ -77,6 +77,8 @@ def parser():
                    help="seconds between energy readings; vcactl and the platform are read at most this often")
     a.add_argument("--token-file", help="a file holding this agent's token: every request must then carry it "
                    "(Authorization: Bearer), else 401")
+    a.add_argument("--unit", action="append", dest="units", default=[],
+                   help="a systemd service pattern whose units' state to report (repeat; e.g. 'smem*')")
     a.add_argument("--filesystem", action="append", dest="filesystems",
                    help="a mountpoint whose free space to report (repeat; default /)")
 
@@ -124,7 +126,7 @@ def main(argv=None):
         except ValueError as exc:
             sys.exit("vcamon agent: %s" % exc)
         agent.serve(args.listen, args.node, args.sysfs_root, args.vcactl, args.sample_interval, token=token,
-                    filesystems=args.filesystems or ["/"])
+                    filesystems=args.filesystems or ["/"], units=args.units)
     elif args.command == "collector":
         os.makedirs(os.path.dirname(os.path.abspath(args.db)), exist_ok=True)
         try:

@@ -59,6 +59,8 @@ def parse(node, text, url=""):
                 s.throttle["%s %s" % (labels["scope"], labels["id"])] = int(value)
             elif name == "vcamon_vca_node_state":
                 s.vca_states[int(labels["vca_node"])] = labels["state"]
+            elif name == "vcamon_unit_active":
+                s.units[labels["unit"]] = labels["state"]
             elif name == "vcamon_platform" and value == 1:
                 s.platform = labels["platform"]
     return s
@@ -123,6 +125,8 @@ class Collector:
         now = time.time() if now is None else now
         results = list(self.pool.map(lambda t: scrape(t, self.timeout, *self.tokens[t["node"]]), self.targets))
         self.store.record_round(now, results, self.vca_nodes)
+        # what runs where, for the fleet page: the services each reachable agent reported this round
+        self.store.set_meta("units", json.dumps({r.node: r.units for r in results if r.ok and r.units}))
         if self.fleet_config is not None:
             self.store.set_meta("fleet", json.dumps(fleet.scrape_services(self.fleet_config, self.timeout, now)))
         if now - self._last_upkeep >= self.upkeep_every:

@@ -1,7 +1,8 @@
 """The fleet's one page, written by the fleet: what runs, the numbers that matter, what is open.
 
-- What runs: every service that exports metrics (the exposure table's rows, in fleet.json), scraped by the
-  collector with the credential its service keeps, and every vcamon agent.
+- What runs: every vcamon agent, the systemd services each agent reports (its --unit patterns), and every
+  service that exports metrics (the exposure table's rows, in fleet.json), scraped by the collector with
+  the credential its service keeps.
 - The numbers that matter: the newest GEMM, DMA and capacity records under records_dir (the bench
   playbooks publish each run there), every figure with its run's date and its own ``platform`` label.
 - What is open: dead nodes, throttle events in the last 24 h, services down, smem's failed documents,
@@ -202,11 +203,14 @@ def _haproxy_open(s):
 OPEN_BY_JOB = {"smem": _smem_open, "farm": _farm_open, "haproxy": _haproxy_open}
 
 
-def open_items(nodes, services):
+def open_items(nodes, services, units=None):
     """What needs an owner's look, most serious first: [{what, where, detail}]."""
     items = [{"what": "node down", "where": n["node"],
               "detail": "vcactl: %s; agent: %s" % (n["vca_state"] or "-", n["error"] or "up")}
              for n in nodes if n["vca_state"] == "link_down" or n["up"] is False]
+    items += [{"what": "service not active", "where": "%s on %s" % (unit, node), "detail": state}
+              for node, states in sorted((units or {}).items()) for unit, state in sorted(states.items())
+              if state != "active"]
     items += [{"what": "service down", "where": "%s on %s" % (s["job"], s["node"]), "detail": s["error"]}
               for s in services if not s["up"]]
     for s in services:
@@ -223,9 +227,14 @@ def view(store, now=None):
     scraped = json.loads(store.meta("fleet") or "{}")
     services = scraped.get("services", [])
     runs = [{"service": "vcamon agent", "node": n["node"], "up": bool(n["up"]), "error": n["error"]} for n in nodes]
-    runs += [{"service": s["job"], "node": s["node"], "up": s["up"], "error": s["error"]} for s in services]
+    units = json.loads(store.meta("units") or "{}")
+    runs += [{"service": unit.removesuffix(".service"), "node": node, "up": state == "active",
+              "error": None if state == "active" else state}
+             for node in sorted(units) for unit, state in sorted(units[node].items())]
+    runs += [{"service": s["job"] + " metrics", "node": s["node"], "up": s["up"], "error": s["error"]}
+             for s in services]
     return {"now": now, "scraped_at": scraped.get("at"), "runs": runs,
-            "numbers": latest_records(scraped.get("records_dir")), "open": open_items(nodes, services)}
+            "numbers": latest_records(scraped.get("records_dir")), "open": open_items(nodes, services, units)}
 
 
 def _day(ts):

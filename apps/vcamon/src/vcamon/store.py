@@ -124,6 +124,7 @@ class Scrape:
     throttle: dict = field(default_factory=dict)     # 'core 0:2' / 'package 0' -> count
     vca_states: dict = field(default_factory=dict)   # vcactl node index -> state (host agent only)
     platform: str | None = None                      # hardware | lab | unknown (vcamon_platform)
+    units: dict = field(default_factory=dict)        # service -> ActiveState (vcamon_unit_active)
 
 
 def connect(path, timeout=30.0):
