@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -36,6 +37,7 @@ sys.path.insert(0, str(REPO / "lab" / "sim"))
 
 from vcamon.collector import Collector
 from vcamon.store import DAY_S, ROLLUP_S, Scrape, Store
+from vcamon.web import start_web
 from vcasim.model import load_params
 from vcasim.tree import SysfsTree
 
@@ -163,6 +165,25 @@ def chart_query_ms(path, now):
     return statistics.median(times), points
 
 
+def page_load_ms(path, now):
+    """What the page asks for when it opens on a 7-day range, through the real web server: /api/nodes,
+    /api/fleet and one /api/chart per node (JSON encoding and HTTP included); median of 5."""
+    server = start_web("127.0.0.1:0", path)
+    base = "http://127.0.0.1:%d" % server.server_address[1]
+    urls = [base + "/api/nodes", base + "/api/fleet"] + [
+        base + "/api/chart?" + urllib.parse.urlencode({"node": n, "from": now - 7 * DAY_S, "to": now}) for n in NODES]
+    times = []
+    try:
+        for _ in range(5):
+            t0 = time.perf_counter()
+            size = sum(len(urllib.request.urlopen(u, timeout=30).read()) for u in urls)
+            times.append((time.perf_counter() - t0) * 1000)
+    finally:
+        server.shutdown()
+        server.server_close()
+    return statistics.median(times), size
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=200)
@@ -197,6 +218,10 @@ def main():
     q, points = chart_query_ms(path, now)
     results["chart_7d_6nodes_ms"] = round(q, 1)
     print(f"7-day chart for 6 nodes: {q:.1f} ms median of 5 ({points} points) (goal < 200 ms)")
+    ms, size = page_load_ms(path, now)
+    results["page_7d_6nodes_http_ms"] = round(ms, 1)
+    print(f"the page's data on a 7-day range over HTTP (nodes, fleet, 6 charts): {ms:.1f} ms median of 5 "
+          f"({size / 1e3:.0f} kB)")
     print(json.dumps(results))
 
 

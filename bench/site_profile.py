@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""Where a playbook run's time goes: the slowest tasks, as a Markdown table (issue 30).
+
+Runs the command given after `--` with Ansible's JSON callback (ansible.posix.json), then prints the
+`--top` tasks by wall time (first host's start to last host's end), with their play, how many hosts ran
+them and how many changed, and the run's wall time and recap.
+
+    .venv/bin/python bench/site_profile.py -- ansible-playbook site.yml              # the lab (make lab first)
+    .venv/bin/python bench/site_profile.py --top 15 -- ansible-playbook -i inventory/mysite site.yml --check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime
+
+
+def _t(stamp):
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def slowest(report, top):
+    """[(seconds, task, play, hosts, changed)] from ansible.posix.json's report, slowest first."""
+    rows = []
+    for play in report.get("plays", []):
+        for task in play.get("tasks", []):
+            duration = task["task"].get("duration") or {}
+            if not duration.get("start") or not duration.get("end"):
+                continue
+            hosts = task.get("hosts", {})
+            rows.append((_t(duration["end"]) - _t(duration["start"]), task["task"]["name"] or "(unnamed)",
+                         play["play"]["name"], len(hosts), sum(1 for h in hosts.values() if h.get("changed"))))
+    return sorted(rows, reverse=True)[:top]
+
+
+def table(rows):
+    lines = ["| # | seconds | task | play | hosts | changed |", "|---:|---:|---|---|---:|---:|"]
+    for i, (seconds, task, play, hosts, changed) in enumerate(rows, 1):
+        cells = (i, seconds, task.replace("|", "\\|"), play.replace("|", "\\|"), hosts, changed)
+        lines.append("| %d | %.1f | %s | %s | %d | %d |" % cells)
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--top", type=int, default=10)
+    ap.add_argument("command", nargs=argparse.REMAINDER, help="-- then the ansible-playbook command")
+    args = ap.parse_args()
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        ap.error("give the command after --, e.g. -- ansible-playbook site.yml")
+    env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="ansible.posix.json", ANSIBLE_LOAD_CALLBACK_PLUGINS="1")
+    t0 = time.monotonic()
+    run = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    wall = time.monotonic() - t0
+    try:
+        report = json.loads(run.stdout[run.stdout.index("{"):])
+    except ValueError:
+        sys.exit("no JSON report from %s (exit %d):\n%s" % (" ".join(command), run.returncode, run.stderr[-2000:]))
+    print(table(slowest(report, args.top)))
+    stats = report.get("stats", {})
+    print("\n%s: exit %d, %.0f s wall; changed %s" % (" ".join(command), run.returncode, wall,
+                                                      {h: s.get("changed", 0) for h, s in sorted(stats.items())}))
+    return run.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
