@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,18 @@ def node_tree(tmp_path):
     tree = SysfsTree(tmp_path / "sys", load_params()["node"])
     tree.create()
     return tree
+
+
+@contextlib.contextmanager
+def http_server(handler):
+    """A real HTTP server on a free loopback port with this handler class; yields its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield "http://127.0.0.1:%d" % server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 AGENT_TOKEN = "agent-token-0123456789abcdef"       # made up for the tests; no deployment uses it

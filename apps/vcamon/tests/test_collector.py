@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import logging
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 
-from conftest import AGENT_TOKEN
+from conftest import AGENT_TOKEN, http_server
 from vcamon.cli import main
 from vcamon.collector import Collector, load_targets, scrape
 from vcamon.hw.vca_sensors import read_all
@@ -148,15 +147,9 @@ def test_the_token_is_not_sent_on_to_a_redirect(tmp_path):
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = "http://127.0.0.1:%d/metrics" % server.server_address[1]
-        target = {"node": "n", "url": url, "token_file": token_file(tmp_path, "t", AGENT_TOKEN)}
+    with http_server(Handler) as base:
+        target = {"node": "n", "url": base + "/metrics", "token_file": token_file(tmp_path, "t", AGENT_TOKEN)}
         assert scrape(target, 10, AGENT_TOKEN).ok
-    finally:
-        server.shutdown()
-        server.server_close()
     assert seen == [("/metrics", "Bearer " + AGENT_TOKEN), ("/elsewhere", None)]
 
 

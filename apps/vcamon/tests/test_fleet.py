@@ -13,6 +13,7 @@ import pytest
 from PIL import Image
 from test_web import CHROMIUM, chromium, request
 
+from conftest import http_server
 from vcamon import cli, fleet
 from vcamon.agent import parse_units, start_agent
 from vcamon.collector import Collector
@@ -71,11 +72,8 @@ def exporters():
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield "http://127.0.0.1:%d" % server.server_address[1]
-    server.shutdown()
-    server.server_close()
+    with http_server(Handler) as base:
+        yield base
 
 
 def closed_port():
