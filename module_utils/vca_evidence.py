@@ -240,7 +240,9 @@ VERDICTS = {
 def verdict(check, platforms, raw_dir):
     if check["kind"] not in VERDICTS:
         raise ValueError("unknown check kind %r" % check["kind"])
-    return VERDICTS[check["kind"]](dict(check, label=check.get("label") or "unknown"), platforms, raw_dir)
+    label = check.get("label") or "unknown"          # the platform of the machines a service check ran on
+    label = "mixed: " + label if "," in label else label
+    return VERDICTS[check["kind"]](dict(check, label=label), platforms, raw_dir)
 
 
 # -- the bundle ------------------------------------------------------------------------------------
