@@ -240,6 +240,9 @@ VERDICTS = {
 def verdict(check, platforms, raw_dir):
     if check["kind"] not in VERDICTS:
         raise ValueError("unknown check kind %r" % check["kind"])
+    out = check.get("output")
+    if check["kind"] != "node_command" and isinstance(out, dict) and out.get("skipped"):
+        return _skipped(out.get("skip_reason") or "not run")     # a card-only check says needs hardware first
     label = check.get("label") or "unknown"          # the platform of the machines a service check ran on
     label = "mixed: " + label if "," in label else label
     return VERDICTS[check["kind"]](dict(check, label=label), platforms, raw_dir)

@@ -137,3 +137,10 @@ def test_the_schema_refuses_a_skip_without_its_reason(tmp_path):
     bundle["checks"][0]["reason"] = ""
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bundle, SCHEMA)
+
+
+def test_a_check_the_run_did_not_reach_is_skipped_with_why(tmp_path):
+    stop = {"skipped": True, "skip_reason": "an image check failed on vca-node0 (image_esp_boot)"}
+    _, run = make(tmp_path, [check("gemm", "gemm", output=stop), check("capacity", "capacity", output=stop)],
+                  {"vca-node0": CARD})
+    assert [(c["result"], c["reason"]) for c in run()["checks"]] == [("skipped", stop["skip_reason"])] * 2
