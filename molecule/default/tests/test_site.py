@@ -98,43 +98,6 @@ def test_second_check_run_reports_no_changes():
     assert all(changed == "0" and unreachable == "0" and failed == "0" for _, changed, unreachable, failed in recap)
 
 
-def test_gemm_bench_runs_on_every_live_node_and_verifies(tmp_path):
-    results = tmp_path / "bench"
-    env = f"VCA_LAB_NAME={LAB} ANSIBLE_CONFIG={PROJECT}/ansible.cfg ANSIBLE_NOCOLOR=1"
-    extra = ('{"vca_bench_sizes": [96], "vca_bench_both_seconds": 2, "vca_bench_tune_budget": 4, '
-             f'"vca_bench_results_dir": "{results}"}}')
-    LOCAL.check_output(f"cd {PROJECT} && {env} ansible-playbook -i {INVENTORY} playbooks/bench/gemm.yml -e '{extra}'")
-    (run,) = list(results.glob("gemm-*"))
-    records = {p.stem: json.loads(p.read_text()) for p in run.glob("vca-node*.json")}
-    assert sorted(records) == [f"vca-node{n}" for n in LIVE]
-    for host, rec in records.items():
-        for part in (rec["opencl"], rec["cpu"], rec["both"]["opencl"], rec["both"]["cpu"]):
-            assert part.get("failed") is not True, (host, part.get("msg"))
-            record = part["record"]
-            assert record["platform"] == "lab"                     # simulated sysfs: never a hardware figure
-            assert all(r["verification"]["passed"] and r["gflops"] > 0 for r in record["results"])
-        assert "Portable Computing Language" in rec["opencl"]["record"]["device"]["platform"]
-    table = (run / "table.md").read_text()
-    assert "| **combined** |" in table and table.count("| vca-node") == len(LIVE)
-
-
-def test_dma_bench_says_no_engine_and_gives_no_figure(tmp_path):
-    results = tmp_path / "bench"
-    env = f"VCA_LAB_NAME={LAB} ANSIBLE_CONFIG={PROJECT}/ansible.cfg ANSIBLE_NOCOLOR=1"
-    LOCAL.check_output(f"cd {PROJECT} && {env} ansible-playbook -i {INVENTORY} playbooks/bench/dma.yml"
-                       f" -e vca_bench_results_dir={results}")
-    (run,) = list(results.glob("dma-*"))
-    records = {p.stem: json.loads(p.read_text()) for p in run.glob("*.json")}
-    assert sorted(records) == sorted(["vca-host"] + [f"vca-node{n}" for n in LIVE])
-    for host, rec in records.items():
-        result = rec["result"]
-        assert result.get("failed") is not True, (host, result.get("msg"))
-        assert result["unsupported"] is True and result["msg"].startswith("unsupported: no PLX DMA engine found")
-        assert result["looked_for"] and "record" not in result, (host, result)
-    table = (run / "table.md").read_text()
-    assert "no figure was measured" in table and "| from | to |" not in table   # no leg, no figure
-
-
 # -- the fleet closed by default (docs/EXPOSURE.md) -----------------------------------------------
 def exposure(tmp_path, *tags):
     env = f"VCA_LAB_NAME={LAB} ANSIBLE_CONFIG={PROJECT}/ansible.cfg ANSIBLE_NOCOLOR=1"
@@ -411,28 +374,6 @@ def test_prometheus_scrapes_every_declared_exporter_and_every_target_is_up():
     assert {"VcaNodeDown", "SmemWorkerDead", "FarmJobNoProgress", "LlmWorkerDrained"} <= alerts, alerts
 
 
-def test_the_fleet_page_shows_what_runs_the_numbers_and_what_is_open():
-    """(issue 28, point 3) vcamon's fleet page on the lab, live: the services scraped with their own
-    credentials, the GEMM run the bench above published (labelled lab), and the dead node open."""
-    host = machine("host")
-    view = json.loads(host.check_output("vcamon fleet --json"))
-    runs = {(r["service"], r["node"]): r["up"] for r in view["runs"]}
-    for service in [("smem metrics", "vca-host"), ("farm metrics", "vca-host"), ("vcamon agent", "vca-node0"),
-                    ("llama-server metrics", "vca-node0"), ("llama-server metrics", "vca-node4"),
-                    ("smem", "host"), ("farm-coordinator", "host"), ("farm-api", "host"), ("rabbitmq-server", "host"),
-                    ("prometheus", "host"), ("farm-worker", "vca-node0"), ("farm-worker", "vca-node4")]:
-        assert runs.get(service) is True, (service, view["runs"])
-    assert any(s.startswith("llama-server-smem-") and up for (s, node), up in runs.items() if node == "vca-node0")
-    assert runs[("vcamon agent", "vca-node3")] is False
-    [gemm] = [r for r in view["numbers"] if r["kind"] == "gemm"]
-    assert gemm["platform"] == "lab" and gemm["figures"], gemm
-    assert all(f["platform"] == "lab" for f in gemm["figures"]), gemm
-    assert {"what": "node down", "where": "vca-node3"}.items() <= next(
-        i for i in view["open"] if i["where"] == "vca-node3").items(), view["open"]
-    text = host.check_output("vcamon fleet")
-    assert text.index("what runs") < text.index("numbers that matter") < text.index("what is open"), text
-
-
 EVIDENCE_SCHEMA = PROJECT / "playbooks/files/evidence-bundle.schema.json"
 CARD_ONLY = {"image_esp_boot", "image_root_partuuid", "image_console_ttys0", "image_node_packages",
              "image_volatile_boot", "dma"}
@@ -497,3 +438,45 @@ def test_verify_hardware_brings_back_a_lab_labelled_bundle_with_no_secret(tmp_pa
         leaked = [s[:6] + "..." for s in secrets if s in text]
         assert not leaked, (f, leaked)
     assert "[redacted]" in json.dumps(checks["gemm"]["command"])          # the planted one, found and scrubbed
+    # What the two bench playbooks wrote under raw/: every live node's GEMM verified on PoCL, labelled lab;
+    # the DMA matrix on every machine, one at a time, saying there is no engine and giving no figure.
+    (gemm_run,) = list((tmp_path / "bundle/raw/gemm").glob("gemm-*"))
+    records = {p.stem: json.loads(p.read_text()) for p in gemm_run.glob("vca-node*.json")}
+    assert sorted(records) == [f"vca-node{n}" for n in LIVE]
+    for host, rec in records.items():
+        for part in (rec["opencl"], rec["cpu"], rec["both"]["opencl"], rec["both"]["cpu"]):
+            assert part.get("failed") is not True, (host, part.get("msg"))
+            assert part["record"]["platform"] == "lab"                  # simulated sysfs: never a hardware figure
+            assert all(r["verification"]["passed"] and r["gflops"] > 0 for r in part["record"]["results"])
+        assert "Portable Computing Language" in rec["opencl"]["record"]["device"]["platform"]
+    table = (gemm_run / "table.md").read_text()
+    assert "| **combined** |" in table and table.count("| vca-node") == len(LIVE)
+    (dma_run,) = list((tmp_path / "bundle/raw/dma").glob("dma-*"))
+    dma = {p.stem: json.loads(p.read_text())["result"] for p in dma_run.glob("*.json")}
+    assert sorted(dma) == sorted(["vca-host"] + [f"vca-node{n}" for n in LIVE])
+    for host, result in dma.items():
+        assert result["unsupported"] is True and result["msg"].startswith("unsupported: no PLX DMA engine found")
+        assert result["looked_for"] and "record" not in result, (host, result)
+    assert "no figure was measured" in (dma_run / "table.md").read_text()
+
+
+def test_the_fleet_page_shows_what_runs_the_numbers_and_what_is_open():
+    """(issue 28, point 3) vcamon's fleet page on the lab, live: the services scraped with their own
+    credentials, the GEMM run the bench above published (labelled lab), and the dead node open."""
+    host = machine("host")
+    view = json.loads(host.check_output("vcamon fleet --json"))
+    runs = {(r["service"], r["node"]): r["up"] for r in view["runs"]}
+    for service in [("smem metrics", "vca-host"), ("farm metrics", "vca-host"), ("vcamon agent", "vca-node0"),
+                    ("llama-server metrics", "vca-node0"), ("llama-server metrics", "vca-node4"),
+                    ("smem", "host"), ("farm-coordinator", "host"), ("farm-api", "host"), ("rabbitmq-server", "host"),
+                    ("prometheus", "host"), ("farm-worker", "vca-node0"), ("farm-worker", "vca-node4")]:
+        assert runs.get(service) is True, (service, view["runs"])
+    assert any(s.startswith("llama-server-smem-") and up for (s, node), up in runs.items() if node == "vca-node0")
+    assert runs[("vcamon agent", "vca-node3")] is False
+    [gemm] = [r for r in view["numbers"] if r["kind"] == "gemm"]
+    assert gemm["platform"] == "lab" and gemm["figures"], gemm
+    assert all(f["platform"] == "lab" for f in gemm["figures"]), gemm
+    assert {"what": "node down", "where": "vca-node3"}.items() <= next(
+        i for i in view["open"] if i["where"] == "vca-node3").items(), view["open"]
+    text = host.check_output("vcamon fleet")
+    assert text.index("what runs") < text.index("numbers that matter") < text.index("what is open"), text
