@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -208,9 +209,9 @@ def collected(tmp_path, config, records):
 
 def test_the_collector_keeps_the_services_and_the_cli_prints_three_sections(collected, capsys):
     view = fleet.view(Store(collected))
-    assert {(r["service"], r["node"], r["up"]) for r in view["runs"]} >= {
-        ("vcamon agent", "vca-node0", True), ("vcamon agent", "vca-node3", False),
-        ("smem metrics", "vca-host", True), ("llama-server metrics", "vca-node0", False)}
+    runs = {(r["service"].rsplit(" :", 1)[0], r["node"], r["up"]) for r in view["runs"]}   # "<job> metrics :<port>"
+    assert runs >= {("vcamon agent", "vca-node0", True), ("vcamon agent", "vca-node3", False),
+                    ("smem metrics", "vca-host", True), ("llama-server metrics", "vca-node0", False)}
     assert [r["kind"] for r in view["numbers"]] == ["gemm", "dma", "capacity"]
     assert cli.main(["fleet", "--db", collected]) == 0
     out = capsys.readouterr().out
@@ -233,7 +234,7 @@ def test_the_page_shows_the_three_sections_with_data(collected, tmp_path):
         assert CHROMIUM, "chromium is not installed (scripts/bootstrap-host.sh installs it)"
         dom = chromium("--dump-dom", base + "/?range=1h").stdout
         assert 'data-ready="1"' in dom, dom[-2000:]
-        assert '<tr data-service="smem metrics" data-node="vca-host">' in dom
+        assert re.search(r'<tr data-service="smem metrics :\d+" data-node="vca-host">', dom)
         assert '<table data-kind="gemm">' in dom and "412.3 GFLOP/s" in dom and 'data-platform="lab"' in dom
         assert '<li data-what="worker drained"><b>worker drained</b>: vca-node1' in dom
         shot = tmp_path / "fleet.png"

@@ -466,8 +466,9 @@ def test_the_fleet_page_shows_what_runs_the_numbers_and_what_is_open():
     host = machine("host")
     view = json.loads(host.check_output("vcamon fleet --json"))
     runs = {(r["service"], r["node"]): r["up"] for r in view["runs"]}
-    for service in [("smem metrics", "vca-host"), ("farm metrics", "vca-host"), ("vcamon agent", "vca-node0"),
-                    ("llama-server metrics", "vca-node0"), ("llama-server metrics", "vca-node4"),
+    for service in [("smem metrics :8787", "vca-host"), ("farm metrics :8790", "vca-host"),
+                    ("vcamon agent", "vca-node0"), ("llama-server metrics :8410", "vca-node0"),
+                    ("llama-server metrics :8410", "vca-node4"), ("llama-server metrics :8411", "vca-node4"),
                     ("smem", "host"), ("farm-coordinator", "host"), ("farm-api", "host"), ("rabbitmq-server", "host"),
                     ("prometheus", "host"), ("farm-worker", "vca-node0"), ("farm-worker", "vca-node4")]:
         assert runs.get(service) is True, (service, view["runs"])

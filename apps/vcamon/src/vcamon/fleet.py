@@ -23,6 +23,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import urlparse
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -231,8 +232,8 @@ def view(store, now=None):
     runs += [{"service": unit.removesuffix(".service"), "node": node, "up": state == "active",
               "error": None if state == "active" else state}
              for node in sorted(units) for unit, state in sorted(units[node].items())]
-    runs += [{"service": s["job"] + " metrics", "node": s["node"], "up": s["up"], "error": s["error"]}
-             for s in services]
+    runs += [{"service": "%s metrics :%s" % (s["job"], urlparse(s["url"]).port), "node": s["node"], "up": s["up"],
+              "error": s["error"]} for s in services]
     return {"now": now, "scraped_at": scraped.get("at"), "runs": runs,
             "numbers": latest_records(scraped.get("records_dir")), "open": open_items(nodes, services, units)}
 
