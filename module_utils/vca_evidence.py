@@ -284,14 +284,16 @@ def build(checks, platforms, out_dir, meta, secrets):
     records = []
     for check in checks:
         v = verdict(check, platforms, raw_dir)
-        host_platform = platforms.get(check.get("host"), {})
+        # a check of the whole fleet (no one host) is labelled with every live machine's platform
+        fleet = platform_of([{"platform": p.get("platform")} for p in platforms.values()], "unknown")
+        where = platforms.get(check["host"], {}).get("platform", "unknown") if check.get("host") else fleet
         records.append({
             "name": check["name"], "tag": check["tag"], "host": check.get("host"), "command": check["command"],
             "started": check["started"], "ended": check["ended"], "result": v["result"], "reason": v["reason"],
             "figures": v["figures"],
-            "platform": platform_of(v["figures"], host_platform.get("platform", "unknown")),
+            "platform": platform_of(v["figures"], where),
             "platform_evidence": {h: p.get("platform_evidence") for h, p in platforms.items()
-                                  if h == check.get("host") or any(h in (f.get("what") or "") for f in v["figures"])},
+                                  if h == check.get("host") or not check.get("host")},
             "raw": ["raw/" + n for n in _raw_files(check, raw_dir)],
         })
     bundle = dict(meta, schema_version=SCHEMA_VERSION, checks=records,

@@ -79,6 +79,7 @@ def test_figures_carry_their_platform_and_the_dma_without_an_engine_is_skipped(t
         ("vca-node0 OpenCL SGEMM 96", 1.2, "lab"), ("vca-node0 CPU SGEMM 96", 1.2, "lab")]
     assert gemm["raw"] == ["raw/gemm/gemm-20261206T000000Z/vca-node0.json"]
     assert dma["result"] == "skipped" and dma["reason"].startswith("needs hardware"), dma
+    assert dma["platform"] == "lab" and set(dma["platform_evidence"]) == {"vca-node0"}    # the fleet's label
     assert bundle["counts"] == {"pass": 1, "fail": 0, "skipped": 1}
     jsonschema.validate(bundle, SCHEMA)
 

@@ -421,6 +421,7 @@ def test_verify_hardware_brings_back_a_lab_labelled_bundle_with_no_secret(tmp_pa
     for name in CARD_ONLY:
         assert checks[name]["result"] == "skipped" and "needs hardware" in checks[name]["reason"], checks[name]
     assert checks["capacity"]["result"] == "skipped"                    # this lab has no LLM workers
+    assert {c["platform"] for c in bundle["checks"]} == {"lab"}         # every record, figures or none
     for name in ("rapl", "gemm", "farm_example", "smem_search"):
         assert checks[name]["result"] == "pass", checks[name]
         assert checks[name]["figures"] and {f["platform"] for f in checks[name]["figures"]} == {"lab"}, checks[name]
