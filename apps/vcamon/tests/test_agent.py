@@ -273,3 +273,17 @@ def test_free_space_of_each_filesystem_asked_for(tmp_path):
     assert got[("vcamon_filesystem_size_bytes", str(tmp_path))] == st.f_blocks * st.f_frsize
     assert 0 < got[("vcamon_filesystem_free_bytes", str(tmp_path))] <= st.f_blocks * st.f_frsize
     assert ("vcamon_filesystem_free_bytes", "/no/such/mount") not in got
+
+
+def test_promtool_accepts_the_agents_text(node_tree, tmp_path, monkeypatch):
+    """(issue 28) The agent's exposition, with every family it can emit (a node's sensors, free space, its
+    services), passes `promtool check metrics`, lint included."""
+    sensors = Sensors(str(node_tree.root), filesystems=(str(tmp_path),), units=("smem.service",))
+    monkeypatch.setattr(sensors, "unit_states", lambda: {"smem.service": "active", "farm-worker.service": "failed"})
+    text = exposition(sensors, "vca-node0").decode()
+    assert 'vcamon_unit_active{state="failed",unit="farm-worker.service"} 0.0' in text
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool (Debian's prometheus package, scripts/host-packages.txt) is not on PATH"
+    r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60,
+                       check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
