@@ -112,8 +112,11 @@ def test_a_cancel_that_comes_too_late_says_so(tmp_path):
     db = DB(tmp_path / "farm.db")
     db.c.execute("UPDATE jobs SET state='running' WHERE id=?", (job_id,))
 
-    def coordinator():           # what the coordinator does meanwhile: joining, then done
-        time.sleep(1.0)
+    def coordinator():           # what the coordinator does meanwhile: joining, then done, once the cancel is in
+        deadline = time.monotonic() + 60          # (a fixed sleep raced the CLI's start on a busy machine)
+        while not db.c.execute("SELECT cancel_requested FROM jobs WHERE id=?", (job_id,)).fetchone()[0]:
+            assert time.monotonic() < deadline, "the cancel never reached the database"
+            time.sleep(0.05)
         db.c.execute("UPDATE jobs SET state='done', reason='verified', nodes_released=1 WHERE id=?", (job_id,))
     t = threading.Thread(target=coordinator)
     t.start()
