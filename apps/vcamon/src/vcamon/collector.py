@@ -128,7 +128,9 @@ class Collector:
         # what runs where, for the fleet page: the services each reachable agent reported this round
         self.store.set_meta("units", json.dumps({r.node: r.units for r in results if r.ok and r.units}))
         if self.fleet_config is not None:
-            self.store.set_meta("fleet", json.dumps(fleet.scrape_services(self.fleet_config, self.timeout, now)))
+            # the agents' pool: a slow service delays no other, and no second pool is kept
+            scraped = fleet.scrape_services(self.fleet_config, self.timeout, now, self.pool.map)
+            self.store.set_meta("fleet", json.dumps(scraped))
         if now - self._last_upkeep >= self.upkeep_every:
             self.store.rollup(now)
             self.store.prune(now)

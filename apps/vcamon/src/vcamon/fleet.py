@@ -21,13 +21,11 @@ import re
 import time
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlparse
 
 from prometheus_client.parser import text_string_to_metric_families
 
-DAY_S = 86400
 # The metrics what-is-open reads, by service; everything else a service exports is Prometheus' business.
 READ = {
     "smem": {"smem_documents", "smem_worker_up", "smem_queue_oldest_due_age_seconds",
@@ -37,7 +35,6 @@ READ = {
 }
 STUCK_QUEUE_S = 600        # the same bounds as the alerts (roles/prometheus/files/vcafleet-rules.yml)
 STUCK_JOB_S = 900
-_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="vcamon-fleet")   # a slow service delays no other
 RUN_DIR = re.compile(r"^(gemm|dma|capacity)-(\d{8}T\d{6}Z)$")
 
 
@@ -88,10 +85,10 @@ def scrape_service(service, timeout=5.0):
     return out
 
 
-def scrape_services(config, timeout=5.0, now=None):
+def scrape_services(config, timeout=5.0, now=None, pool_map=map):
     """What the collector keeps (the store's meta 'fleet'): the services' state and where the records are."""
     return {"at": int(now or time.time()), "records_dir": config["records_dir"],
-            "services": list(_POOL.map(lambda s: scrape_service(s, timeout), config["services"]))}
+            "services": list(pool_map(lambda s: scrape_service(s, timeout), config["services"]))}
 
 
 def _when(stamp):
