@@ -81,18 +81,29 @@ def _passed(figures=(), reason=""):
 
 def verdict_node_command(check, platform):
     """A command on a node that only a card can answer (the image checks): pass when it exited 0 and
-    every expected pattern is in its output."""
+    every expected pattern is in its output. Off a card, a run that failed is a failure, and a pass is
+    still "needs hardware": the lab cannot prove what a card's firmware does."""
     out = check.get("output") or {}
-    if platform != "hardware":
-        return _skipped("%s (platform %s)" % (NEEDS_HARDWARE, platform))
     if out.get("skipped"):
-        return _skipped(out.get("skip_reason") or "not run")
+        return _skipped("%s (platform %s)" % (NEEDS_HARDWARE, platform) if platform != "hardware"
+                        else out.get("skip_reason") or "not run")
     if out.get("rc") != 0:
-        return _failed("exit %s: %s" % (out.get("rc"), (out.get("stderr") or "").strip()[-300:]))
+        return _failed("exit %s on platform %s: %s" % (out.get("rc"), platform,
+                                                       (out.get("stderr") or "").strip()[-300:]))
     missing = [p for p in check.get("expect", []) if not re.search(p, out.get("stdout") or "", re.M)]
     if missing:
-        return _failed("not in the output: " + "; ".join(missing))
+        return _failed("not in the output (platform %s): %s" % (platform, "; ".join(missing)))
+    if platform != "hardware":
+        return _skipped("%s (platform %s; it passed there, which proves nothing)" % (NEEDS_HARDWARE, platform))
     return _passed()
+
+
+def verdict_node_rollback(check):
+    """The chosen node put back on its previous disk after a failed image check, and booted."""
+    out = check.get("output") or {}
+    if out.get("rolled_back") and out.get("booted"):
+        return _passed(reason="back on build %s (from %s), booted" % (out.get("build_id"), out.get("from")))
+    return _failed(out.get("reason") or "not rolled back")
 
 
 def _gemm_figure(host, side, res):
@@ -228,6 +239,7 @@ def _smem_figures(check):
 VERDICTS = {
     "node_command": lambda c, platforms, raw: verdict_node_command(
         c, platforms.get(c.get("host"), {}).get("platform", "unknown")),
+    "node_rollback": lambda c, platforms, raw: verdict_node_rollback(c),
     "gemm": lambda c, platforms, raw: verdict_gemm(c, raw / c["name"]),
     "dma": lambda c, platforms, raw: verdict_dma(c, raw / c["name"]),
     "capacity": lambda c, platforms, raw: verdict_capacity(c, raw / c["name"]),
@@ -241,7 +253,7 @@ def verdict(check, platforms, raw_dir):
     if check["kind"] not in VERDICTS:
         raise ValueError("unknown check kind %r" % check["kind"])
     out = check.get("output")
-    if check["kind"] != "node_command" and isinstance(out, dict) and out.get("skipped"):
+    if check["kind"] not in ("node_command", "node_rollback") and isinstance(out, dict) and out.get("skipped"):
         return _skipped(out.get("skip_reason") or "not run")     # a card-only check says needs hardware first
     label = check.get("label") or "unknown"          # the platform of the machines a service check ran on
     label = "mixed: " + label if "," in label else label

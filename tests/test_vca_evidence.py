@@ -61,8 +61,28 @@ def test_on_a_card_the_image_checks_pass_or_fail_by_their_output(tmp_path):
     _, run = make(tmp_path, checks, {"vca-node0": CARD})
     results = {c["name"]: (c["result"], c["reason"]) for c in run()["checks"]}
     assert results == {"image_esp_boot": ("pass", ""),
-                       "image_root_partuuid": ("fail", "not in the output: ^/dev/vcablk0p2$"),
+                       "image_root_partuuid": ("fail", "not in the output (platform hardware): ^/dev/vcablk0p2$"),
                        "image_volatile_boot": ("skipped", "by hand: docs/SETUP.md")}
+
+
+def test_off_a_card_an_image_check_that_ran_and_failed_is_a_failure_and_the_rollback_is_judged(tmp_path):
+    checks = [check("image_root_partuuid", "node_command", "vca-node0",
+                    output=command_output("overlay"), expect=["^/dev/vcablk0p2$"]),
+              check("image_esp_boot", "node_command", "vca-node0",
+                    output={"skipped": True, "skip_reason": "Conditional result was False"}),
+              check("image_rollback", "node_rollback", "vca-node0",
+                    output={"rolled_back": True, "booted": True, "build_id": "b1", "from": "b2"}),
+              check("image_rollback_none", "node_rollback", "vca-node1",
+                    output={"rolled_back": False, "booted": False, "reason": "no previous disk"}),
+              check("image_rollback_off", "node_rollback", "vca-node1",
+                    output={"rolled_back": True, "booted": False, "reason": "booting it failed: x"})]
+    _, run = make(tmp_path, checks, {"vca-node0": LAB, "vca-node1": LAB})
+    results = {c["name"]: (c["result"], c["reason"]) for c in run()["checks"]}
+    assert results["image_root_partuuid"] == ("fail", "not in the output (platform lab): ^/dev/vcablk0p2$")
+    assert results["image_esp_boot"][0] == "skipped" and results["image_esp_boot"][1].startswith("needs hardware")
+    assert results["image_rollback"] == ("pass", "back on build b1 (from b2), booted")
+    assert results["image_rollback_none"] == ("fail", "no previous disk")
+    assert results["image_rollback_off"] == ("fail", "booting it failed: x")
 
 
 def test_figures_carry_their_platform_and_the_dma_without_an_engine_is_skipped(tmp_path):

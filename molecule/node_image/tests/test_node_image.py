@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -18,6 +19,7 @@ LAB = os.environ.get("VCA_LAB_NAME", "vcamolimg")
 STORE = "/var/lib/vcafleet/images"
 DISKS = "/var/lib/vcafleet/nodes"
 SCENARIO = Path(__file__).resolve().parents[1]
+PROJECT = SCENARIO.parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +140,37 @@ def test_reimaged_nodes_are_reached_over_ssh_with_their_stored_host_key(host, tm
                      + f"172.31.1.1 {' '.join(other)}\n")
     refused = lab_ssh("node0", "true", known_hosts=wrong)
     assert refused.returncode != 0 and "host key" in refused.stderr.lower(), refused.stderr
+
+
+def test_a_failed_evidence_image_check_puts_the_chosen_node_back_on_its_kept_disk(host, tmp_path):
+    """(issue 29) verify-hardware's image checks, made to run on the lab (where they fail), roll the chosen
+    node back to the disk it kept from before its rollout and boot it; the bundle records both, and no
+    other node is touched. The kept disk is a copy of node 1's own, its record marked, to tell it apart."""
+    good = link(host, "good")
+    state = sim_state(host)
+    host.check_output(f"cp --sparse=always {DISKS}/vca-node1.img {DISKS}/vca-node1.prev.img")
+    kept = dict(json.loads(host.file(f"{DISKS}/vca-node1.json").content_string), kept_by="the evidence test")
+    host.check_output(f"printf %s {shlex.quote(json.dumps(kept))} > {DISKS}/vca-node1.prev.json")
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1")
+    inventory = Path(env["MOLECULE_INVENTORY_FILE"]).parent
+    run = subprocess.run(
+        ["ansible-playbook", "-i", str(inventory), str(PROJECT / "playbooks/verify-hardware.yml"), "--tags", "image",
+         "-e", "vca_evidence_node=vca-node1", "-e", f"vca_evidence_dir={tmp_path}/bundle",
+         "-e", json.dumps({"vca_evidence_image_platforms": ["hardware", "lab"]})],
+        capture_output=True, text=True, env=env, timeout=900, check=False, cwd=PROJECT)
+    out = run.stdout + run.stderr
+    assert run.returncode != 0, out[-3000:]
+    assert f"vca-node1: rolled back to build {good} and booted it" in out, out[-3000:]
+    checks = {c["name"]: c for c in json.loads((tmp_path / "bundle/bundle.json").read_text())["checks"]}
+    assert checks["image_root_partuuid"]["result"] == "fail", checks["image_root_partuuid"]
+    assert checks["image_rollback"]["result"] == "pass", checks["image_rollback"]
+    assert checks["image_rollback"]["host"] == "vca-node1"
+    # node 1: on the kept disk now, booted again through the simulated vcactl; nothing kept any more
+    assert json.loads(host.file(f"{DISKS}/vca-node1.json").content_string).get("kept_by") == "the evidence test"
+    assert not host.file(f"{DISKS}/vca-node1.prev.img").exists
+    after = sim_state(host)
+    assert after["0:1"]["since"] != state["0:1"]["since"] and booted("node1") == good
+    assert after["0:0"]["since"] == state["0:0"]["since"], "a node other than the chosen one was touched"
 
 
 def test_broken_build_is_rolled_back(host):
