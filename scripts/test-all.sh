@@ -79,9 +79,15 @@ for g in $groups; do
     molecule)
         VCA_LAB_IMAGE=$(lab/image/build.sh) || exit 1
         export VCA_LAB_IMAGE
+        lan=0
         for scenario in $(ls molecule/*/molecule.yml | xargs -n1 dirname | xargs -n1 basename | sort); do
+            # each lab its own LAN: Docker's own pick, after many labs on one engine, can be
+            # 172.31.0.0/16, the nodes' network (playbooks/lab.yml refuses it)
+            lan=$((lan + 1))
+            export VCA_LAB_LAN_SUBNET=${VCA_LAB_LAN_PREFIX:-10.231}.$lan.0/24
             step "molecule:$scenario" molecule -c molecule/base.yml test -s "$scenario"
         done
+        unset VCA_LAB_LAN_SUBNET
         ;;
     image)
         step image scripts/image-test.sh
