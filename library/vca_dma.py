@@ -72,7 +72,7 @@ options:
     type: int
     default: 5
   timeout_ms:
-    description: WAIT timeout per copy.
+    description: WAIT timeout per copy, 1 to 60000 (the driver refuses a longer WAIT).
     type: int
     default: 5000
   node:
@@ -188,8 +188,9 @@ record:
 ring:
   description: "C(ring_overlap) only: order; hops (hop, host, bytes, mibps, predicted_mibps, reason,
     started_at, ended_at); missing (hops of the order that did not run); common_span_s (the hops' spans'
-    common interval, <= 0 when they did not overlap); all_in_flight_s (how long every hop's timed copy was
-    in flight at once); overlapped; pipelined (every hop ran, was verified and all were in flight at once);
+    common interval, <= 0 when they did not overlap); all_in_flight_s (how long every hop's engine had a
+    piece in flight at once, by the drivers' per-piece spans); no_pieces (hops whose driver gave no per-piece
+    spans, ABI 1); overlapped; pipelined (every hop ran, was verified and all were in flight at once);
     ring_mibps and slowest_hop (only when pipelined: the slowest hop's bytes over the longest hop's copy
     time); reason (why not pipelined); notes (a machine without a pipelined record, and why; a node
     outside the ring)."
@@ -267,6 +268,8 @@ def check_params(module, p):
         module.fail_json(msg="bytes must be a positive multiple of 4, got %d" % p["bytes"])
     if p["repeats"] < 1:
         module.fail_json(msg="repeats must be at least 1, got %d" % p["repeats"])
+    if not 0 < p["timeout_ms"] <= dma.abi.WAIT_MAX_MS:
+        module.fail_json(msg="timeout_ms must be 1 to %d, got %d" % (dma.abi.WAIT_MAX_MS, p["timeout_ms"]))
     if p["node_rates"]:
         try:
             p["node_rates"] = dict((int(k), v) for k, v in p["node_rates"].items())

@@ -20,9 +20,11 @@ is every node's engine sending its own hop at the same time:
 - pipelined (`node` set): this engine runs only the hop its node SENDS (node -> its successor in
   the ring, through the window onto the successor), after waiting until `start_at` (epoch seconds,
   one value the playbook gives every node). Each leg carries the epoch start and end of every
-  timed copy (`copies`, `started_at`, `ended_at`), so ring_overlap() can tell afterwards, from
-  every node's record, whether all hops really ran at once; a ring whose hops did not overlap is
-  reported as NOT pipelined and gets no ring figure.
+  timed copy as this process saw it (`copies`, `started_at`, `ended_at`) and, from the driver's
+  WAIT (ABI 2), when the engine was started on each piece (one SUBMIT, at most max_copy_bytes) and
+  when the driver first saw it complete (`pieces`), so ring_overlap() can tell afterwards, from
+  every node's record, whether all hops' engines really ran at once; a ring whose hops did not
+  overlap is reported as NOT pipelined and gets no ring figure.
 - sequential (`node` unset): every hop in the ring's order, one at a time on this engine, each a
   relay through a local buffer (FROM a's window, then TO b's, times added). It measures each hop
   as this engine drives it, not a pipelined ring, nor contention between hops.
@@ -142,12 +144,22 @@ class Buffer(object):
             pass
 
 
-def _spans_into(leg, spans):
-    """The epoch span of every timed copy of the leg, its first start and its last end."""
+def _piece_span(w):
+    """The driver's epoch span of one piece, engine started to completion seen; None where the
+    driver reported none (ABI 1) or the piece did not complete."""
+    if not w.start_real_ns or not w.done_real_ns:
+        return None
+    return [round(w.start_real_ns / 1e9, 6), round(w.done_real_ns / 1e9, 6)]
+
+
+def _spans_into(leg, spans, pieces=()):
+    """The epoch span of every timed copy of the leg, its first start and its last end; the
+    driver's span of every piece (`pieces`, None if any piece has none)."""
     if spans:
         leg["copies"] = [[round(a, 6), round(b, 6)] for a, b in spans]
         leg["started_at"] = leg["copies"][0][0]
         leg["ended_at"] = leg["copies"][-1][1]
+        leg["pieces"] = list(pieces) if pieces and None not in pieces else None
 
 
 def verify(src, dst):
@@ -189,6 +201,8 @@ class Probe(object):
         self.windows = []
         self.clock = clock
         self.spans = []
+        self.pieces = []        # per timed copy: the driver's [start, done] of each piece, or None
+        self._pieces = None
 
     def _ioctl(self, fn, *args, **kw):
         try:
@@ -210,12 +224,16 @@ class Probe(object):
         return dict(self._ioctl(self.dev.counters)._asdict())
 
     def timed_copy(self, *args, **kw):
-        """copy() whose epoch span (start, end) is kept for the leg's `copies`."""
+        """copy() whose epoch span (start, end) is kept for the leg's `copies`, and the driver's
+        span of each of its pieces for the leg's `pieces`."""
         t0 = self.clock()
+        self._pieces = []
         try:
             return self.copy(*args, **kw)
         finally:
             self.spans.append((t0, self.clock()))
+            self.pieces.extend(self._pieces)
+            self._pieces = None
 
     def copy(self, buf, length, direction, kind, index=0, *, offset=0):
         """One logical copy, split into max_copy_bytes pieces: (status, bytes_done, elapsed_ns)."""
@@ -226,6 +244,8 @@ class Probe(object):
             c = self._ioctl(self.dev.submit, buf.addr + pos, n, direction=direction, target_kind=kind,
                             target_index=index, target_offset=offset + pos)
             w = self._ioctl(self.dev.wait, c.cookie, self.timeout_ms)
+            if self._pieces is not None:
+                self._pieces.append(_piece_span(w))
             done += w.bytes_done
             elapsed += w.elapsed_ns
             if w.status != 0 or w.bytes_done != n:
@@ -251,7 +271,7 @@ class Probe(object):
         src = Buffer(length)
         src.words[:] = self.rng.integers(0, 1 << 32, size=src.words.size, dtype=np.uint32)
         rates, walls = [], []
-        self.spans = []
+        self.spans, self.pieces = [], []
         try:
             for _ in range(self.repeats):
                 t0 = time.monotonic()
@@ -278,7 +298,7 @@ class Probe(object):
             return out
         finally:
             src.close()
-            _spans_into(out, self.spans)
+            _spans_into(out, self.spans, self.pieces)
         out["mibps"] = round(statistics.median(rates), 1)
         out["wall_s"] = round(statistics.median(walls), 6)
         out["mibps_all"] = [round(r, 1) for r in rates]
@@ -521,8 +541,9 @@ def ring_overlap(results):
 
     results: {host: vca_dma result} of a ring run with `node` set on every node. The ring is
     pipelined only if every hop of the order ran and was verified (a figure), the hops' spans
-    (first timed copy's start to last one's end) share a common interval, and there was an instant
-    when every hop's timed copy was in flight at once (all_in_flight_s > 0). Only then is
+    (first timed copy's start to last one's end) share a common interval, and, by the drivers' own
+    per-piece spans (engine started to completion seen), there was an instant when every hop's
+    engine had a piece in flight (all_in_flight_s > 0). Only then is
     ring_mibps given: the bytes of the slowest hop (the least, if hops differ) over the longest hop's
     copy time (bytes / its median MiB/s), i.e. the ring runs at its slowest hop. The times are each
     machine's epoch clock: the check is only as good as their synchronisation (docs/DMA.md).
@@ -547,7 +568,8 @@ def ring_overlap(results):
         for h in by_name.get(name, []):
             out["hops"].append({"hop": name, "host": h["host"], "bytes": h.get("bytes"), "mibps": h.get("mibps"),
                                 "predicted_mibps": h.get("predicted_mibps"), "reason": h.get("reason"),
-                                "started_at": h.get("started_at"), "ended_at": h.get("ended_at")})
+                                "started_at": h.get("started_at"), "ended_at": h.get("ended_at"),
+                                "pieces": len(h.get("pieces") or ())})
     out["missing"] = [name for name in expected if name not in by_name]
     twice = sorted(name for name in expected if len(by_name.get(name, [])) > 1)
     spans = [h for h in hops if h.get("started_at") is not None and _hop_name(h["from"], h["to"]) in expected]
@@ -558,13 +580,18 @@ def ring_overlap(results):
 
 
 def _overlap(spans):
-    """The legs' spans' common interval, and how long every leg's timed copy was in flight at once."""
+    """The legs' spans' common interval, and how long every leg's engine had a piece in flight at
+    once, from the driver's per-piece spans (no_pieces names the legs without any: an ABI 1 driver)."""
     common = min(h["ended_at"] for h in spans) - max(h["started_at"] for h in spans)
-    inflight = _union(spans[0].get("copies") or [])
+    out = {"common_span_s": round(common, 6), "overlapped": common > 0, "all_in_flight_s": 0.0}
+    if any(not h.get("pieces") for h in spans):
+        out["no_pieces"] = sorted(_hop_name(h["from"], h["to"]) for h in spans if not h.get("pieces"))
+        return out
+    inflight = _union(spans[0]["pieces"])
     for h in spans[1:]:
-        inflight = _intersect(inflight, _union(h.get("copies") or []))
-    return {"common_span_s": round(common, 6), "overlapped": common > 0,
-            "all_in_flight_s": round(sum(b - a for a, b in inflight), 6)}
+        inflight = _intersect(inflight, _union(h["pieces"]))
+    out["all_in_flight_s"] = round(sum(b - a for a, b in inflight), 6)
+    return out
 
 
 def _verdict(out, twice):
@@ -578,8 +605,11 @@ def _verdict(out, twice):
         out["reason"] = "; ".join("%s gave no figure (%s)" % (h["hop"], h["reason"]) for h in failed)
     elif not out["overlapped"]:
         out["reason"] = "the hops did not overlap (common span %s s)" % out["common_span_s"]
+    elif out.get("no_pieces"):
+        out["reason"] = ("hop(s) %s have no per-piece spans from the driver (it needs ABI 2): no instant with"
+                         " every engine busy can be shown" % ", ".join(out.get("no_pieces") or ()))
     elif out["all_in_flight_s"] <= 0:
-        out["reason"] = "the hops' spans overlap but no instant had every hop's timed copy in flight"
+        out["reason"] = "the hops' spans overlap but no instant had every hop's engine on a piece"
     else:
         slowest = max(out["hops"], key=lambda h: h["bytes"] / h["mibps"])
         nbytes = min(h["bytes"] for h in out["hops"])

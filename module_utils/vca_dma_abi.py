@@ -14,7 +14,8 @@ import os
 import struct
 from collections import namedtuple
 
-ABI_VERSION = 1
+ABI_VERSION = 2
+WAIT_MAX_MS = 60000     # VCA_DMA_WAIT_MAX_MS: a longer WAIT is -EINVAL
 MAGIC = ord("V")
 
 # asm-generic/ioctl.h
@@ -41,18 +42,20 @@ def _IOWR(typ, nr, size):
 
 
 class Struct(object):
-    """One header struct: field names, a struct format, and pack/unpack with `size` filled in."""
+    """One header struct: field names, a struct format, and pack/unpack with `size` filled in.
+    sizes: the header's VCA_DMA_*_SIZE_V<n>, oldest first; the last is the whole struct."""
 
-    def __init__(self, name, fields, size_v1):
+    def __init__(self, name, fields, *sizes):
         self.name = name
         self.fields = tuple(f for f, _ in fields)
         self.codes = tuple(code for _, code in fields)
         self.fmt = struct.Struct("<" + "".join(code for _, code in fields))
         self.size = self.fmt.size
-        self.size_v1 = size_v1
+        self.sizes = sizes
+        self.size_v1 = sizes[0]
         self.tuple = namedtuple(name, self.fields)
-        if self.size != size_v1:
-            raise AssertionError("%s: layout is %d bytes, the header says %d" % (name, self.size, size_v1))
+        if self.size != sizes[-1]:
+            raise AssertionError("%s: layout is %d bytes, the header says %d" % (name, self.size, sizes[-1]))
 
     def offsets(self):
         """{field: byte offset}, as offsetof() gives it (the format has explicit padding, no implicit)."""
@@ -90,8 +93,10 @@ WINDOW = Struct("vca_dma_window", [("size", "I"), ("index", "I"), ("peer", "i"),
 COPY = Struct("vca_dma_copy", [("size", "I"), ("flags", "I"), ("user_addr", "Q"), ("length", "Q"),
                                ("target_kind", "I"), ("target_index", "I"), ("target_offset", "Q"),
                                ("cookie", "Q")], 48)
+# WAIT v2 appends the driver's CLOCK_REALTIME start and completion of the copy (0 from a v1 driver).
 WAIT = Struct("vca_dma_wait", [("size", "I"), ("timeout_ms", "I"), ("cookie", "Q"), ("status", "i"),
-                               ("reserved", "I"), ("bytes_done", "Q"), ("elapsed_ns", "Q")], 40)
+                               ("reserved", "I"), ("bytes_done", "Q"), ("elapsed_ns", "Q"),
+                               ("start_real_ns", "Q"), ("done_real_ns", "Q")], 40, 56)
 COUNTERS = Struct("vca_dma_counters", [("size", "I"), ("reserved", "I"), ("submitted", "Q"), ("completed", "Q"),
                                        ("bytes", "Q"), ("errors", "Q"), ("timeouts", "Q"), ("doorbells", "Q")], 56)
 DOORBELL = Struct("vca_dma_doorbell", [("size", "I"), ("device", "i"), ("value", "I"), ("reserved", "I")], 16)

@@ -25,9 +25,12 @@ KIB = 1024
 class FakeEngine(object):
     """fault(n, req) -> None | 'short' | 'timeout' | 'eio' | 'flip' | 'lie' (reports the full length,
     moves nothing) for the n-th SUBMIT (1-based);
-    gone_after: every ioctl after that many SUBMITs raises OSError(ENODEV)."""
+    gone_after: every ioctl after that many SUBMITs raises OSError(ENODEV);
+    spans: WAIT reports each piece's start (at SUBMIT) and completion (at WAIT) on dma.clock, as an
+    ABI 2 driver does; False answers as ABI 1 (no spans)."""
 
-    def __init__(self, windows=((-1, 64 * KIB),), max_copy=16 * KIB, fault=None, gone_after=None, mibps=4000.0):
+    def __init__(self, windows=((-1, 64 * KIB),), max_copy=16 * KIB, fault=None, gone_after=None, mibps=4000.0,
+                 *, spans=True):
         self.windows = [(peer, bytearray(length)) for peer, length in windows]
         self.max_copy = max_copy
         self.fault = fault
@@ -37,6 +40,8 @@ class FakeEngine(object):
         self.pending = {}
         self.cookie = 0
         self.counters = Counter()
+        self.spans = spans
+        self.started = {}
 
     def device(self):
         return abi.Device("/dev/vca_dma0", ioctl=self.ioctl, fd=-1)
@@ -48,7 +53,8 @@ class FakeEngine(object):
         self.calls[cmd] += 1
         if cmd == abi.IOC_INFO:
             assert abi.INFO.unpack(buf).size == abi.INFO.size
-            buf[:] = abi.INFO.pack(abi_version=1, engine=0, ring_len=1024, max_copy_bytes=self.max_copy,
+            version = abi.ABI_VERSION if self.spans else 1
+            buf[:] = abi.INFO.pack(abi_version=version, engine=0, ring_len=1024, max_copy_bytes=self.max_copy,
                                    n_windows=len(self.windows), bdf="0000:03:00.1")
         elif cmd == abi.IOC_WINDOW:
             i = abi.WINDOW.unpack(buf).index
@@ -62,8 +68,10 @@ class FakeEngine(object):
             self.counters["completed" if status == 0 else ("timeouts" if status == -errno.EINPROGRESS
                                                            else "errors")] += 1
             self.counters["bytes"] += done if status == 0 else 0
+            start = self.started.pop(req.cookie)
+            end = int(dma.clock() * 1e9) if self.spans and status == 0 else 0
             buf[:] = abi.WAIT.pack(cookie=req.cookie, status=status, bytes_done=done,
-                                   elapsed_ns=int(done * self.ns_per_byte))
+                                   elapsed_ns=int(done * self.ns_per_byte), start_real_ns=start, done_real_ns=end)
         elif cmd == abi.IOC_COUNTERS:
             buf[:] = abi.COUNTERS.pack(submitted=self.calls[abi.IOC_SUBMIT], **self.counters)
         else:
@@ -104,6 +112,7 @@ class FakeEngine(object):
                     mem[off] ^= 0x1
         self.cookie += 1
         self.pending[self.cookie] = (status, done)
+        self.started[self.cookie] = int(dma.clock() * 1e9) if self.spans else 0
         return abi.COPY.pack(**dict(req._asdict(), cookie=self.cookie))
 
 
@@ -460,18 +469,58 @@ def test_ring_overlap_needs_every_hop_and_every_hop_verified(monkeypatch):
     assert ring["reason"] == "node2->node1 gave no figure (1 mismatched words)"
 
 
+def _set_spans(results, copies, pieces):
+    for host in copies:
+        leg = results[host]["record"]["engines"][0]["legs"][0]
+        leg["copies"] = [[T0 + a, T0 + b] for a, b in copies[host]]
+        leg["pieces"] = [[T0 + a, T0 + b] for a, b in pieces[host]]
+        leg["started_at"], leg["ended_at"] = leg["copies"][0][0], leg["copies"][-1][1]
+
+
 def test_ring_overlap_spans_that_overlap_without_a_moment_all_in_flight_is_not_pipelined(monkeypatch):
     results = ring_run(monkeypatch, repeats=2)
     # Interleave by hand: hop A's copies at [0,1] and [4,5], hop B's at [2,3] and [6,7], C's at [0,7].
     spans = {"vca-node0": [[0, 1], [4, 5]], "vca-node1": [[2, 3], [6, 7]], "vca-node2": [[0, 7]]}
-    for host, copies in spans.items():
-        leg = results[host]["record"]["engines"][0]["legs"][0]
-        leg["copies"] = [[T0 + a, T0 + b] for a, b in copies]
-        leg["started_at"], leg["ended_at"] = leg["copies"][0][0], leg["copies"][-1][1]
+    _set_spans(results, spans, spans)
     ring = dma.ring_overlap(results)
     assert ring["overlapped"] is True and ring["common_span_s"] == pytest.approx(3)
     assert ring["all_in_flight_s"] == 0 and ring["pipelined"] is False and ring["ring_mibps"] is None
     assert "no instant" in ring["reason"]
+
+
+def test_ring_overlap_reads_the_drivers_piece_spans_not_the_copies_wall_spans(monkeypatch):
+    """Every hop's timed copy spans [0, 8] as user space saw it, but inside it the engines ran their
+    pieces in turn (the gaps are the submit/wait turnarounds): never all at once, so no ring figure."""
+    results = ring_run(monkeypatch, repeats=1)
+    copies = {h: [[0, 8]] for h in ("vca-node0", "vca-node1", "vca-node2")}
+    pieces = {"vca-node0": [[0, 1], [3, 4], [6, 7]], "vca-node1": [[1, 2], [4, 5], [7, 8]],
+              "vca-node2": [[0.5, 1.5], [3.5, 4.5], [6.5, 7.5]]}
+    _set_spans(results, copies, pieces)
+    ring = dma.ring_overlap(results)
+    assert ring["overlapped"] is True and ring["all_in_flight_s"] == 0
+    assert ring["pipelined"] is False and ring["ring_mibps"] is None and "no instant" in ring["reason"]
+    pieces["vca-node1"] = [[0.6, 1.4], [3.6, 4.4], [6.6, 7.4]]      # now every engine is busy 3 x 0.4 s
+    _set_spans(results, copies, pieces)
+    ring = dma.ring_overlap(results)
+    assert ring["all_in_flight_s"] == pytest.approx(1.2) and ring["pipelined"] is True
+
+
+def test_pipelined_hop_records_the_drivers_span_of_every_piece(fake_clock):
+    rec = probe(FakeEngine(windows=NODE_WINDOWS), "ring", node=0, node_rates=SEED, repeats=2, nbytes=64 * KIB)
+    (leg,) = rec["legs"]
+    assert len(leg["pieces"]) == 2 * 4                 # 64 KiB in 16 KiB pieces, two timed copies
+    (c0, c1) = leg["copies"]
+    assert all(c0[0] <= a < b <= c0[1] for a, b in leg["pieces"][:4])
+    assert all(c1[0] <= a < b <= c1[1] for a, b in leg["pieces"][4:])
+
+
+def test_ring_overlap_without_the_drivers_piece_spans_gives_no_figure(monkeypatch):
+    results = ring_run(monkeypatch)
+    leg = results["vca-node2"]["record"]["engines"][0]["legs"][0]
+    leg["pieces"] = None                               # an ABI 1 driver
+    ring = dma.ring_overlap(results)
+    assert ring["overlapped"] is True and ring["pipelined"] is False and ring["ring_mibps"] is None
+    assert ring["no_pieces"] == ["node2->node1"] and "no per-piece spans" in ring["reason"]
 
 
 def test_ring_overlap_without_a_pipelined_run_or_with_disagreeing_orders(monkeypatch):

@@ -21,6 +21,11 @@ def compiled(tmp_path_factory):
         for field in layout.fields:
             lines.append('printf("offsetof %s.%s %%zu\\n", offsetof(struct %s, %s));'
                          % (layout.name, field, layout.name, field))
+    for name, layout in abi.STRUCTS.items():
+        for n in range(1, len(layout.sizes) + 1):
+            lines.append('printf("size %s.v%d %%d\\n", VCA_DMA_%s_SIZE_V%d);' % (layout.name, n, name.upper(), n))
+    lines.append('printf("const WAIT_MAX_MS %d\\n", VCA_DMA_WAIT_MAX_MS);')
+    lines.append('printf("const ABI_VERSION %d\\n", VCA_DMA_ABI_VERSION);')
     for name in abi.IOCTLS:
         lines.append('printf("ioctl %s %%lu\\n", (unsigned long)%s);' % (name, name))
     lines += ['return 0;', '}']
@@ -35,7 +40,8 @@ def compiled(tmp_path_factory):
 @pytest.mark.parametrize("key", sorted(abi.STRUCTS))
 def test_struct_size_and_every_offset_match_the_header(compiled, key):
     layout = abi.STRUCTS[key]
-    assert layout.size == compiled["sizeof " + layout.name] == layout.size_v1
+    assert layout.size == compiled["sizeof " + layout.name] == layout.sizes[-1]
+    assert list(layout.sizes) == [compiled["size %s.v%d" % (layout.name, n)] for n in range(1, len(layout.sizes) + 1)]
     for field, offset in layout.offsets().items():
         assert offset == compiled["offsetof %s.%s" % (layout.name, field)], field
 
@@ -45,6 +51,11 @@ def test_ioctl_numbers_match_the_header(compiled):
         assert number == compiled["ioctl " + name], name
     # The brief's figures, as a second source.
     assert abi.IOC_INFO == 0xC0305601 and abi.IOC_DOORBELL == 0x40105606
+
+
+def test_constants_match_the_header(compiled):
+    assert abi.WAIT_MAX_MS == compiled["const WAIT_MAX_MS"]
+    assert abi.ABI_VERSION == compiled["const ABI_VERSION"]
 
 
 def test_pack_sets_size_and_round_trips():
@@ -60,8 +71,8 @@ def test_pack_sets_size_and_round_trips():
 def test_unknown_field_and_short_buffer_are_clear_errors():
     with pytest.raises(ValueError, match="no field bogus"):
         abi.WAIT.pack(bogus=1)
-    with pytest.raises(ValueError, match="need 40"):
-        abi.WAIT.unpack(b"\0" * 39)
+    with pytest.raises(ValueError, match="need 56"):
+        abi.WAIT.unpack(b"\0" * 55)
 
 
 def test_device_passes_a_mutable_buffer_and_reads_the_answer_back():
@@ -75,6 +86,6 @@ def test_device_passes_a_mutable_buffer_and_reads_the_answer_back():
     dev = abi.Device("/dev/vca_dma0", ioctl=fake_ioctl, fd=99)
     answer = dev.wait(cookie=7, timeout_ms=100)
     assert answer.bytes_done == 4096 and answer.cookie == 7
-    assert calls == [(99, abi.IOC_WAIT, 40, True, True)]
+    assert calls == [(99, abi.IOC_WAIT, 56, True, True)]
     with pytest.raises(ValueError, match="multiple of 4"):
         dev.submit(0x1000, 6, direction=abi.DIR_TO_TARGET, target_kind=abi.TARGET_USER)

@@ -33,6 +33,7 @@
 #include <linux/slab.h>
 #include <linux/string.h>
 #include <linux/uaccess.h>
+#include <linux/capability.h>
 
 #include "plx_mbox.h"
 #include "vca_dma_ioctl.h"
@@ -42,6 +43,8 @@
 #define VCA_DMA_RING_LEN	1024
 #define VCA_DMA_SELFTEST_TIMEOUT_MS	200
 #define VCA_DMA_ABORT_TIMEOUT_US	10000
+/* WAIT's poll: spin for the first ms of a copy, then sleep this long (lock dropped) */
+#define VCA_DMA_POLL_US		10
 #define VCA_DMA_MAX_WINDOWS	16
 #define VCA_DMA_MAX_NODE	15
 #define VCA_DMA_ADDR_LIMIT	BIT_ULL(48)
@@ -64,7 +67,7 @@ MODULE_PARM_DESC(windows, "A-LUT windows: peer@busaddr+len[,...], peer 'host' or
 
 static char *fault;
 module_param(fault, charp, 0444);
-MODULE_PARM_DESC(fault, "TEST ONLY: fail on purpose at ring_alloc,cdev,pin,map,submit,wait_timeout");
+MODULE_PARM_DESC(fault, "TEST ONLY: fail on purpose at ring_alloc,cdev,sysfs,pin,map,submit,wait_timeout");
 
 static unsigned int doorbell_spad = 7;
 module_param(doorbell_spad, uint, 0444);
@@ -77,6 +80,7 @@ MODULE_PARM_DESC(doorbell, "doorbell rung by DOORBELL (default 15, as vca_mbox)"
 enum vca_dma_fault {
 	FAULT_RING_ALLOC,
 	FAULT_CDEV,
+	FAULT_SYSFS,
 	FAULT_PIN,
 	FAULT_MAP,
 	FAULT_SUBMIT,
@@ -87,6 +91,7 @@ enum vca_dma_fault {
 static const char * const fault_names[FAULT_NR] = {
 	[FAULT_RING_ALLOC] = "ring_alloc",
 	[FAULT_CDEV] = "cdev",
+	[FAULT_SYSFS] = "sysfs",
 	[FAULT_PIN] = "pin",
 	[FAULT_MAP] = "map",
 	[FAULT_SUBMIT] = "submit",
@@ -131,7 +136,8 @@ struct vca_dma_xfer {
 	unsigned int first;		/* ring index of the first descriptor */
 	unsigned int n;			/* descriptors */
 	u32 len[VCA_DMA_RING_LEN];
-	ktime_t t0;
+	ktime_t t0, t_done;		/* START written; the first poll that saw it done */
+	u64 start_real_ns, done_real_ns;	/* the same two, CLOCK_REALTIME; 0: not done */
 	struct vca_dma_pin pin[2];
 	int npins;
 };
@@ -143,13 +149,15 @@ struct vca_dma {
 	struct vca_dma_desc *ring;
 	dma_addr_t ring_dma;
 	unsigned int head;
-	struct mutex lock;		/* the ring, cur, gone */
+	struct mutex lock;		/* the ring, cur, gone; WAIT drops it to sleep */
 	struct vca_dma_xfer *cur;	/* the copy in flight, one per engine */
 	bool gone;			/* removed: files still open answer -ENODEV */
+	dma_addr_t win_dma[VCA_DMA_MAX_WINDOWS];	/* win[] as mapped for this engine */
+	unsigned int n_mapped;
 	bool wedged;			/* an abort did not complete: pages left pinned */
 	u64 next_cookie;
 	int id;
-	char name[16];
+	char name[20];		/* "vca_dma" and any int */
 	char bdf[16];
 	struct miscdevice misc;
 	atomic64_t submitted, completed, bytes, errors, timeouts, doorbells;
@@ -246,6 +254,10 @@ static int vca_dma_poll(struct vca_dma *d, struct vca_dma_xfer *x, u64 *bytes)
 	}
 	if (ret == 0 && (chan_read(d, VCA_DMA_INTR) & (VCA_DMA_INTR_ERROR | VCA_DMA_INTR_INVALID)))
 		ret = -EIO;
+	if (ret > 0 && !x->done_real_ns) {
+		x->t_done = ktime_get();
+		x->done_real_ns = ktime_get_real_ns();
+	}
 	*bytes = done;
 	return ret;
 }
@@ -337,6 +349,7 @@ static int vca_dma_post(struct vca_dma *d, struct vca_dma_xfer *x, const struct 
 	}
 	wmb();	/* descriptors in memory before the engine is started */
 	x->t0 = ktime_get();
+	x->start_real_ns = ktime_get_real_ns();
 	chan_write(d, VCA_DMA_CTRL, VCA_DMA_CTRL_STATUS_W1C | VCA_DMA_CTRL_OFFCHIP_MODE |
 		   VCA_DMA_CTRL_START);
 	d->cur = x;
@@ -517,6 +530,9 @@ static long vca_dma_ioc_submit(struct vca_dma *d, struct file *file, void __user
 	int nu, nt, ret;
 	u32 usize;
 
+	/* again here, not only at open(): a descriptor handed on does not carry the right */
+	if (!capable(CAP_SYS_RAWIO))
+		return -EPERM;
 	ret = vca_dma_get(&c, sizeof(c), VCA_DMA_COPY_SIZE_V1, u, &usize);
 	if (ret)
 		return ret;
@@ -537,7 +553,7 @@ static long vca_dma_ioc_submit(struct vca_dma *d, struct file *file, void __user
 		if (check_add_overflow(c.target_offset, c.length, &end) ||
 		    end > win[c.target_index].length)
 			return -ERANGE;
-		wseg.addr = win[c.target_index].bus_addr + c.target_offset;
+		wseg.addr = d->win_dma[c.target_index] + c.target_offset;
 		wseg.len = c.length;
 		user_target = false;
 	} else {
@@ -609,50 +625,75 @@ out_unlock:
 	return ret;
 }
 
+/* 0 if the copy in flight is this file's @cookie. Lock held. */
+static int vca_dma_waited(struct vca_dma *d, struct file *file, u64 cookie)
+{
+	if (d->gone)
+		return -ENODEV;
+	if (!d->cur || d->cur->owner != file || d->cur->cookie != cookie)
+		return -ENOENT;
+	return 0;
+}
+
+/*
+ * Poll until the copy ends, fails or the timeout passes; *st is the last
+ * poll's answer. The lock is held only to look, never across a sleep, so
+ * SUBMIT from another file answers -EBUSY and release() and remove() go
+ * through (the copy or the engine is then gone: -ENOENT, -ENODEV). Called
+ * and returns with the lock held.
+ */
+static int vca_dma_wait_poll(struct vca_dma *d, struct file *file, const struct vca_dma_wait *w,
+			     int *st, u64 *done)
+{
+	ktime_t end = ktime_add_ms(ktime_get(), w->timeout_ms);
+	bool spin;
+	int ret;
+
+	for (;;) {
+		ret = vca_dma_waited(d, file, w->cookie);
+		if (ret)
+			return ret;
+		*st = vca_dma_poll(d, d->cur, done);
+		if (*st || !w->timeout_ms || fault_at(FAULT_WAIT_TIMEOUT) ||
+		    !ktime_before(ktime_get(), end))
+			return 0;
+		spin = ktime_us_delta(ktime_get(), d->cur->t0) < 1000;
+		mutex_unlock(&d->lock);
+		if (signal_pending(current)) {
+			mutex_lock(&d->lock);
+			return -EINTR;	/* the copy stays in flight: WAIT again */
+		}
+		if (spin)
+			udelay(1);
+		else
+			usleep_range(VCA_DMA_POLL_US, 2 * VCA_DMA_POLL_US);
+		mutex_lock(&d->lock);
+	}
+}
+
 static long vca_dma_ioc_wait(struct vca_dma *d, struct file *file, void __user *u)
 {
 	struct vca_dma_xfer *x;
 	struct vca_dma_wait w;
-	ktime_t end, now;
 	u64 done = 0;
 	u32 usize;
-	int ret, st;
+	int ret, st = 0;
 
 	ret = vca_dma_get(&w, sizeof(w), VCA_DMA_WAIT_SIZE_V1, u, &usize);
 	if (ret)
 		return ret;
+	if (w.timeout_ms > VCA_DMA_WAIT_MAX_MS)
+		return -EINVAL;
 
 	mutex_lock(&d->lock);
+	ret = vca_dma_wait_poll(d, file, &w, &st, &done);
+	if (ret)
+		goto out;
 	x = d->cur;
-	if (d->gone) {
-		ret = -ENODEV;
-		goto out;
-	}
-	if (!x || x->owner != file || x->cookie != w.cookie) {
-		ret = -ENOENT;
-		goto out;
-	}
-	end = ktime_add_ms(ktime_get(), w.timeout_ms);
-	for (;;) {
-		st = vca_dma_poll(d, x, &done);
-		now = ktime_get();
-		if (st)
-			break;
-		if (!w.timeout_ms)
-			break;
-		if (fault_at(FAULT_WAIT_TIMEOUT) || !ktime_before(now, end))
-			break;
-		if (signal_pending(current)) {
-			ret = -EINTR;	/* the copy stays in flight: WAIT again */
-			goto out;
-		}
-		if (ktime_us_delta(now, x->t0) < 1000)
-			udelay(1);
-		else
-			usleep_range(10, 20);
-	}
 	w.bytes_done = done;
-	w.elapsed_ns = ktime_to_ns(ktime_sub(now, x->t0));
+	w.elapsed_ns = ktime_to_ns(ktime_sub(st > 0 ? x->t_done : ktime_get(), x->t0));
+	w.start_real_ns = x->start_real_ns;
+	w.done_real_ns = x->done_real_ns;
 	if (st > 0) {
 		w.status = 0;
 		atomic64_inc(&d->completed);
@@ -675,6 +716,17 @@ out:
 	return ret;
 }
 
+/* false once the engine is removed (or its probe failed). */
+static bool vca_dma_alive(struct vca_dma *d)
+{
+	bool alive;
+
+	mutex_lock(&d->lock);
+	alive = !d->gone;
+	mutex_unlock(&d->lock);
+	return alive;
+}
+
 static long vca_dma_ioc_doorbell(struct vca_dma *d, void __user *u)
 {
 	typeof(plx_mbox_get) *get;
@@ -687,9 +739,16 @@ static long vca_dma_ioc_doorbell(struct vca_dma *d, void __user *u)
 	u32 usize;
 	int ret;
 
+	if (!capable(CAP_SYS_RAWIO))
+		return -EPERM;
 	ret = vca_dma_get(&b, sizeof(b), VCA_DMA_DOORBELL_SIZE_V1, u, &usize);
 	if (ret)
 		return ret;
+	/* 0 would read, to a peer polling the scratchpad, as no word posted */
+	if (b.device < 0 || b.device > VCA_DMA_MAX_NODE || !b.value || b.reserved)
+		return -EINVAL;
+	if (!vca_dma_alive(d))
+		return -ENODEV;
 	get = symbol_get(plx_mbox_get);
 	put = symbol_get(plx_mbox_put);
 	write = symbol_get(plx_mbox_spad_write);
@@ -795,6 +854,8 @@ static int vca_dma_open(struct inode *inode, struct file *file)
 	/* misc_open() holds misc_mtx here, and remove() deregisters under it first */
 	struct vca_dma *d = container_of(file->private_data, struct vca_dma, misc);
 
+	if (!capable(CAP_SYS_RAWIO))
+		return -EPERM;
 	kref_get(&d->ref);
 	file->private_data = d;
 	return nonseekable_open(inode, file);
@@ -864,6 +925,76 @@ static int vca_dma_may_bind(struct pci_dev *pdev)
 	return 0;
 }
 
+/*
+ * The CPU address of window @w if it lies inside one memory BAR of a PLX
+ * function other than this engine (the switch's NT port BARs hold the
+ * A-LUT windows); a windows= entry pointing anywhere else is refused.
+ */
+static int vca_dma_win_phys(struct pci_dev *pdev, const struct vca_dma_win *w, phys_addr_t *phys)
+{
+	struct pci_dev *sib = NULL;
+	int bar;
+
+	while ((sib = pci_get_device(pdev->vendor, PCI_ANY_ID, sib))) {
+		if (sib == pdev)
+			continue;
+		for (bar = 0; bar < PCI_STD_NUM_BARS; bar++) {
+			u64 bus = pci_bus_address(sib, bar), len = pci_resource_len(sib, bar);
+
+			if (!(pci_resource_flags(sib, bar) & IORESOURCE_MEM) ||
+			    w->bus_addr < bus || w->bus_addr - bus > len ||
+			    w->length > len - (w->bus_addr - bus))
+				continue;
+			*phys = pci_resource_start(sib, bar) + (w->bus_addr - bus);
+			pci_dev_put(sib);
+			return 0;
+		}
+	}
+	return -EINVAL;
+}
+
+static void vca_dma_unmap_windows(struct vca_dma *d)
+{
+	unsigned int i;
+
+	for (i = 0; i < d->n_mapped; i++)
+		dma_unmap_resource(&d->pdev->dev, d->win_dma[i], win[i].length,
+				   DMA_BIDIRECTIONAL, 0);
+	d->n_mapped = 0;
+}
+
+/* Check every window against the switch's BARs and map it for this engine. */
+static int vca_dma_map_windows(struct vca_dma *d)
+{
+	struct device *dev = &d->pdev->dev;
+	phys_addr_t phys;
+	unsigned int i;
+
+	for (i = 0; i < n_win; i++) {
+		if (vca_dma_win_phys(d->pdev, &win[i], &phys)) {
+			dev_err(dev, "vca_dma: window %u (%#llx+%#llx) is in no BAR of a PLX function, refusing\n",
+				i, win[i].bus_addr, win[i].length);
+			return -EINVAL;
+		}
+		d->win_dma[i] = dma_map_resource(dev, phys, win[i].length, DMA_BIDIRECTIONAL, 0);
+		if (dma_mapping_error(dev, d->win_dma[i]))
+			return -ENOMEM;
+		d->n_mapped++;
+	}
+	return 0;
+}
+
+/* No copy from now on: files still open answer -ENODEV. Before any of d is freed. */
+static void vca_dma_kill(struct vca_dma *d)
+{
+	mutex_lock(&d->lock);
+	d->gone = true;
+	if (d->cur)
+		vca_dma_finish(d, true);
+	chan_write(d, VCA_DMA_CTRL, VCA_DMA_CTRL_ABORT);
+	mutex_unlock(&d->lock);
+}
+
 static int vca_dma_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 {
 	struct vca_dma *d;
@@ -902,11 +1033,14 @@ static int vca_dma_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	}
 	pci_set_drvdata(pdev, d);
 	vca_dma_ring_init(d);
+	ret = vca_dma_map_windows(d);
+	if (ret)
+		goto err_unmap;
 
 	d->id = ida_alloc(&vca_dma_ida, GFP_KERNEL);
 	if (d->id < 0) {
 		ret = d->id;
-		goto err_put;
+		goto err_unmap;
 	}
 	snprintf(d->name, sizeof(d->name), "vca_dma%d", d->id);
 	d->misc.minor = MISC_DYNAMIC_MINOR;
@@ -917,7 +1051,7 @@ static int vca_dma_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	ret = fault_at(FAULT_CDEV) ? -EIO : misc_register(&d->misc);
 	if (ret)
 		goto err_ida;
-	ret = device_create_file(&pdev->dev, &dev_attr_selftest);
+	ret = fault_at(FAULT_SYSFS) ? -EIO : device_create_file(&pdev->dev, &dev_attr_selftest);
 	if (ret)
 		goto err_misc;
 	dev_info(&pdev->dev, "vca_dma: /dev/%s, ring of %d descriptors at %pad, %u windows%s\n",
@@ -926,9 +1060,13 @@ static int vca_dma_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	return 0;
 
 err_misc:
+	/* a file may have opened /dev/vca_dma<N> already: it must see gone before the ring goes */
+	vca_dma_kill(d);
 	misc_deregister(&d->misc);
 err_ida:
 	ida_free(&vca_dma_ida, d->id);
+err_unmap:
+	vca_dma_unmap_windows(d);
 err_put:
 	pci_set_drvdata(pdev, NULL);
 	kref_put(&d->ref, vca_dma_free);
@@ -941,12 +1079,8 @@ static void vca_dma_remove(struct pci_dev *pdev)
 
 	device_remove_file(&pdev->dev, &dev_attr_selftest);
 	misc_deregister(&d->misc);
-	mutex_lock(&d->lock);
-	d->gone = true;
-	if (d->cur)
-		vca_dma_finish(d, true);
-	chan_write(d, VCA_DMA_CTRL, VCA_DMA_CTRL_ABORT);
-	mutex_unlock(&d->lock);
+	vca_dma_kill(d);
+	vca_dma_unmap_windows(d);
 	ida_free(&vca_dma_ida, d->id);
 	kref_put(&d->ref, vca_dma_free);
 }

@@ -16,8 +16,11 @@
  *
  * Safety. The driver DMA-maps only buffers it allocated itself or pinned from
  * the caller for the length of one copy (pin_user_pages), and A-LUT windows
- * it was given by module parameter. It refuses to bind a function that
- * plx87xx_dma owns. It never touches plx87xx's debugfs files.
+ * it was given by module parameter, each of which must lie inside a memory
+ * BAR of a PLX function (dma_map_resource). open(), SUBMIT and DOORBELL need
+ * CAP_SYS_RAWIO (-EPERM): a descriptor handed to a process without it moves
+ * nothing. It refuses to bind a function that plx87xx_dma owns. It never
+ * touches plx87xx's debugfs files.
  */
 #ifndef VCAFLEET_VCA_DMA_IOCTL_H
 #define VCAFLEET_VCA_DMA_IOCTL_H
@@ -25,7 +28,7 @@
 #include <linux/ioctl.h>
 #include <linux/types.h>
 
-#define VCA_DMA_ABI_VERSION	1
+#define VCA_DMA_ABI_VERSION	2	/* 2: WAIT reports start_real_ns and done_real_ns */
 #define VCA_DMA_MAGIC		'V'	/* vca_mbox uses 'v' */
 
 /* VCA_DMA_IOC_INFO: what this engine is and what it can do. */
@@ -79,7 +82,14 @@ struct vca_dma_copy {
 #define VCA_DMA_TARGET_USER	1
 #define VCA_DMA_TARGET_WINDOW	2
 
-/* VCA_DMA_IOC_WAIT: block until a submitted copy completes, fails, or timeout_ms passes. */
+/*
+ * VCA_DMA_IOC_WAIT: block until a submitted copy completes, fails, or
+ * timeout_ms passes; a signal ends it with -EINTR (the copy stays in flight).
+ * timeout_ms above VCA_DMA_WAIT_MAX_MS is -EINVAL.
+ * The engine lock is not held while it sleeps: another file's SUBMIT gets
+ * -EBUSY meanwhile, and the copy's owner closing or the engine going away
+ * ends the WAIT (-ENOENT, -ENODEV).
+ */
 struct vca_dma_wait {
 	__u32 size;
 	__u32 timeout_ms;		/* in: 0 = do not wait, report only */
@@ -88,8 +98,13 @@ struct vca_dma_wait {
 	__u32 reserved;
 	__u64 bytes_done;		/* out: bytes the engine reports transferred */
 	__u64 elapsed_ns;		/* out: from the engine's start to its completion */
+	/* version 2: CLOCK_REALTIME, as the driver saw them; 0 from a version 1 driver */
+	__u64 start_real_ns;		/* out: when the driver started the engine on this copy */
+	__u64 done_real_ns;		/* out: the first poll that saw it done; 0: not done */
 };
 #define VCA_DMA_WAIT_SIZE_V1	40
+#define VCA_DMA_WAIT_SIZE_V2	56
+#define VCA_DMA_WAIT_MAX_MS	60000
 
 /* VCA_DMA_IOC_COUNTERS: since the driver bound the engine. */
 struct vca_dma_counters {
@@ -104,12 +119,16 @@ struct vca_dma_counters {
 };
 #define VCA_DMA_COUNTERS_SIZE_V1	56
 
-/* VCA_DMA_IOC_DOORBELL: post a word and ring a doorbell through vca_mbox's plx_mbox API. */
+/*
+ * VCA_DMA_IOC_DOORBELL: post a word and ring a doorbell through vca_mbox's
+ * plx_mbox API. -EINVAL for a device outside 0..15, a value of 0 or a
+ * non-zero reserved; -ENODEV once the engine is gone.
+ */
 struct vca_dma_doorbell {
 	__u32 size;
-	__s32 device;			/* in: plx87xx device index (the node) */
+	__s32 device;			/* in: plx87xx device index (the node), 0..15 */
 	__u32 value;			/* in: the word posted to the scratchpad before the bell */
-	__u32 reserved;
+	__u32 reserved;			/* in: 0 */
 };
 #define VCA_DMA_DOORBELL_SIZE_V1	16
 
