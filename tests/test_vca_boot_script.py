@@ -277,6 +277,20 @@ def test_boot_powers_on_opens_the_disk_and_boots_it(tmp_path):
                     "boot 0 0 vcablk0"], acts
 
 
+def test_boot_file_boots_the_file_into_the_node_and_leaves_its_disk_closed(tmp_path):
+    fleet = Fleet(tmp_path)
+    fleet.node(0, 0, "power_off")
+    volatile = tmp_path / "node.volatile.img"
+    volatile.write_bytes(b"a volatile image")
+    rc, out, _ = run_script(tmp_path, fleet, inventory(1), "boot-file", "vca-node0", str(volatile))
+    assert rc == 0, out
+    assert fleet.state(0, 0) == "net_device_ready" and fleet.opened(0, 0) is None
+    acts = [c for c in fleet.calls() if not c.startswith(("status", "blockio close"))]
+    assert acts == ["pwrbtn-short 0 0", f"boot 0 0 {volatile}"], acts
+    rc, out, _ = run_script(tmp_path, fleet, inventory(1), "boot-file", "vca-node0", str(tmp_path / "none.img"))
+    assert rc == 1 and "no file" in out, out
+
+
 def test_boot_refuses_a_node_that_is_up(tmp_path):
     fleet = Fleet(tmp_path)
     fleet.node(0, 0, "net_device_ready")

@@ -151,18 +151,33 @@ def test_a_failed_evidence_image_check_puts_the_chosen_node_back_on_its_kept_dis
     host.check_output(f"cp --sparse=always {DISKS}/vca-node1.img {DISKS}/vca-node1.prev.img")
     kept = dict(json.loads(host.file(f"{DISKS}/vca-node1.json").content_string), kept_by="the evidence test")
     host.check_output(f"printf %s {shlex.quote(json.dumps(kept))} > {DISKS}/vca-node1.prev.json")
+    # lab-tiny builds no volatile artefact: a small FAT volume stands in (the simulated vcactl boots any file)
+    record_path = f"{STORE}/good/lab-tiny.json"
+    record = host.file(record_path).content_string
+    volatile = dict(json.loads(record))
+    volatile.setdefault("boot", {})["volatile_cmdline"] = "console=ttyS0 vca-lab-volatile"
+    host.check_output(f"mkfs.vfat -C {STORE}/good/lab-tiny.volatile.img 2048 && "
+                      f"printf %s {shlex.quote(json.dumps(volatile))} > {record_path}")
     env = dict(os.environ, ANSIBLE_NOCOLOR="1")
     inventory = Path(env["MOLECULE_INVENTORY_FILE"]).parent
-    run = subprocess.run(
-        ["ansible-playbook", "-i", str(inventory), str(PROJECT / "playbooks/verify-hardware.yml"), "--tags", "image",
-         "-e", "vca_evidence_node=vca-node1", "-e", f"vca_evidence_dir={tmp_path}/bundle",
-         "-e", json.dumps({"vca_evidence_image_platforms": ["hardware", "lab"]})],
-        capture_output=True, text=True, env=env, timeout=900, check=False, cwd=PROJECT)
+    try:
+        run = subprocess.run(
+            ["ansible-playbook", "-i", str(inventory), str(PROJECT / "playbooks/verify-hardware.yml"), "--tags", "image",
+             "-e", "vca_evidence_node=vca-node1", "-e", f"vca_evidence_dir={tmp_path}/bundle",
+             "-e", json.dumps({"vca_evidence_image_platforms": ["hardware", "lab"]})],
+            capture_output=True, text=True, env=env, timeout=900, check=False, cwd=PROJECT)
+    finally:
+        host.check_output(f"printf %s {shlex.quote(record)} > {record_path} && rm -f {STORE}/good/lab-tiny.volatile.img")
     out = run.stdout + run.stderr
     assert run.returncode != 0, out[-3000:]
     assert f"vca-node1: rolled back to build {good} and booted it" in out, out[-3000:]
     checks = {c["name"]: c for c in json.loads((tmp_path / "bundle/bundle.json").read_text())["checks"]}
     assert checks["image_root_partuuid"]["result"] == "fail", checks["image_root_partuuid"]
+    # the volatile copy was booted (the lab's root is no tmpfs, so it fails), its private copy removed
+    assert checks["image_volatile_boot"]["result"] == "fail", checks["image_volatile_boot"]
+    assert "^tmpfs$" in checks["image_volatile_boot"]["reason"], checks["image_volatile_boot"]
+    assert "vcactl boot 0 1 FILE" in checks["image_volatile_boot"]["command"]
+    assert host.check_output("ls -d /tmp/vca-volatile-* 2>/dev/null || true") == ""
     assert checks["image_rollback"]["result"] == "pass", checks["image_rollback"]
     assert checks["image_rollback"]["host"] == "vca-node1"
     # node 1: on the kept disk now, booted again through the simulated vcactl; nothing kept any more
