@@ -14,16 +14,27 @@ events, at every N: kernels against kernels. The host's wall time per call (laun
 and wait included) is the second, labelled column ("wall"). OpenBLAS and CLBlast
 are timed by the host's wall clock (they have no device events here).
 
-The tiling is tuned once per size class (small, medium, large by sqrt(M*N);
-vca_autotune.size_class), each candidate scored by its worse figure over the
-class's tuning size and the size 128 above it, so a tiling that only suits one
-size does not win; each N or shape then runs its class's winner.
+Sustained (issue 31): besides the one-call figure, each product runs in bursts of
+back-to-back calls (--burst calls, more if needed to last --burst-min-s), sides
+alternating, --trials bursts a side; the figure is the median trial, by device events
+over the whole burst, with the SM clock (min/median/max), mean power, throttle reasons
+(NVML, sampled every 20 ms) and the energy from NVML's total-energy counter, as GFLOP/J.
+
+Nothing is padded on the host: float4 tilings bound-check the edges (EDGE), others pad
+on the device inside the timed run; skinny outputs split K over the device. Only the real
+product's 2MNK FLOPs count, on both sides.
+
+The tiling is tuned once per size class (small, medium, large by sqrt(M*N), skinny for
+tall-skinny outputs over a long K; vca_autotune.size_class), each candidate scored by its
+worse figure over the class's two tuning products (vca_autotune.tune_shapes), so a tiling
+that only suits one size does not win; each N or shape then runs its class's winner.
 
   bench/gemm_ratio.py                        # PoCL, N = 512 1024 2048 4096
   bench/gemm_ratio.py --device NVIDIA --json out.json      # N = 512 ... 8192
   bench/gemm_ratio.py --sweep                # the cliff check: N = 256..4096 step 128, tuned per class
   bench/gemm_ratio.py --shapes 4096x64x4096 97x33x65       # M x N x K, against OpenBLAS/cuBLAS
   bench/gemm_ratio.py --variants '[{"TM": 128, ...}, ...]'  # fixed tilings side by side (levers)
+  bench/gemm_ratio.py --device NVIDIA --burst 20 --trials 5  # sustained figures with clocks and energy
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import math
 import os
 import subprocess
 import sys
@@ -100,19 +112,20 @@ def find_device(want):
 
 def tune_ours(runner, cls, budget, seed):
     """Tune for one size class: each candidate's score is its worse GFLOP/s of the class's
-    tuning size n and n + 128 (neighbouring sizes), every run verified."""
+    two tuning products (vca_autotune.tune_shapes: n and n + 128, or the skinny shapes),
+    every run verified."""
     device = runner.describe()
-    n = (vca_autotune.CPU_TUNE_N if runner.is_cpu() else vca_autotune.TUNE_N)[cls]
+    shapes = vca_autotune.tune_shapes(cls, runner.is_cpu())
     problems = []
-    for size in (n, n + 128):
-        a, b = vca_gemm.random_operands(size, size, size, seed + size)
-        rows, ref = reference_for(a, b, np.random.default_rng(seed + size))
-        problems.append((size, a, b, rows, ref))
+    for m, n, k in shapes:
+        a, b = vca_gemm.random_operands(m, n, k, seed + m + n + k)
+        rows, ref = reference_for(a, b, np.random.default_rng(seed + m + n + k))
+        problems.append(((m, n, k), a, b, rows, ref))
     limits = {"max_work_group_size": device["max_work_group_size"], "local_mem_bytes": device["local_mem_bytes"]}
 
     def evaluate(params):
         scores = []
-        for size, a, b, rows, ref in problems:
+        for (m, n, k), a, b, rows, ref in problems:
             try:
                 run, result = runner.prepare(a, b, params)
                 t = timed(run, result, rows, ref, 2)
@@ -120,10 +133,10 @@ def tune_ours(runner, cls, budget, seed):
                 return None
             if not t[2]:
                 return None
-            scores.append(vca_gemm.gflops(size, size, size, best_seconds(t)))
+            scores.append(vca_gemm.gflops(m, n, k, best_seconds(t)))
         return min(scores)
 
-    tuner = vca_autotune.Tuner(evaluate, limits, n, budget=budget, seed=seed)
+    tuner = vca_autotune.Tuner(evaluate, limits, min(min(s[0], s[2]) for s in shapes), budget=budget, seed=seed)
     score, params = tuner.run(start=vca_autotune.start_params(runner.is_cpu(), cls))
     return params, score, len(tuner.trials)
 
@@ -176,9 +189,10 @@ def run_clblast(queue, a, b, params, device):
     da, db = cla.to_device(queue, a), cla.to_device(queue, b)
     dc = cla.zeros(queue, (a.shape[0], b.shape[1]), np.float32)
 
-    def run():
-        pyclblast.gemm(queue, a.shape[0], b.shape[1], a.shape[1], da, db, dc, a_ld=a.shape[1], b_ld=b.shape[1],
-                       c_ld=b.shape[1])
+    def run(calls=1):
+        for _ in range(calls):
+            pyclblast.gemm(queue, a.shape[0], b.shape[1], a.shape[1], da, db, dc, a_ld=a.shape[1],
+                           b_ld=b.shape[1], c_ld=b.shape[1])
         queue.finish()
 
     return run, dc.get
@@ -190,20 +204,21 @@ def run_cublas(a, b):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     ta, tb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
-    out = {}
+    out = {"c": torch.empty((a.shape[0], b.shape[1]), dtype=torch.float32, device="cuda")}
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     sleep = getattr(torch.cuda, "_sleep", None)
 
-    def run():
-        """One product; returns its CUDA-event seconds: the kernel's, as ours by OpenCL events.
-        A spin kernel first keeps the GPU busy while the host queues the start event, the
-        product and the end event, so the events do not count torch's launch latency
-        (an idle GPU reaches the start event before the product is even launched)."""
+    def run(calls=1):
+        """calls products back to back; returns their CUDA-event seconds: the kernels', as
+        ours by OpenCL events. A spin kernel first keeps the GPU busy while the host queues
+        the start event, the products and the end event, so the events do not count torch's
+        launch latency (an idle GPU reaches the start event before the product is even launched)."""
         if sleep is not None:
             sleep(200000)      # ~0.1 ms at 1.98 GHz
         start.record()
-        out["c"] = ta @ tb
+        for _ in range(calls):
+            torch.matmul(ta, tb, out=out["c"])
         end.record()
         end.synchronize()
         return start.elapsed_time(end) * 1e-3
@@ -214,8 +229,9 @@ def run_cublas(a, b):
 def run_numpy(a, b):
     out = {}
 
-    def run():
-        out["c"] = a @ b
+    def run(calls=1):
+        for _ in range(calls):
+            out["c"] = a @ b
 
     return run, (lambda: out["c"])
 
@@ -284,7 +300,12 @@ def parse_args():
     ap.add_argument("--tilings", metavar="JSON",
                     help="an earlier run's --json output: its tuned tilings per class, not a new search")
     ap.add_argument("--variants", type=json_arg,
-                    help="a JSON list (or @FILE) of fixed tilings, each run at every size (no tuning or baselines)")
+                    help="a JSON list (or @FILE) of fixed tilings, each run at every size and shape (no tuning or "
+                         "baselines)")
+    ap.add_argument("--burst", type=int, default=20, help="calls per sustained burst (0: no sustained figures)")
+    ap.add_argument("--burst-min-s", type=float, default=0.25,
+                    help="more calls per burst where --burst would end sooner (the energy counter's resolution)")
+    ap.add_argument("--trials", type=int, default=5, help="sustained bursts per side, alternating; the median")
     return ap.parse_args()
 
 
@@ -296,10 +317,10 @@ class Tilings(object):
         if args.tilings:
             self.won = dict(json.loads(Path(args.tilings).read_text())["tilings"])
 
-    def __call__(self, m, n=None):
+    def __call__(self, m, n=None, k=None):
         if self.args.params:
             return self.args.params
-        cls = vca_autotune.size_class(m, n)
+        cls = vca_autotune.size_class(m, n, k)
         if cls not in self.won:
             t0 = time.perf_counter()
             params, score, trials = tune_ours(self.runner, cls, self.args.budget, self.args.seed)
@@ -341,22 +362,121 @@ def print_entry(label, entry, params):
 
 
 def variants(args, runner, sizes):
-    """Each fixed tiling of --variants at each size, event-timed: the levers side by side."""
+    """Each fixed tiling of --variants at each size and shape, event-timed: the levers side by side."""
     out = []
-    for n in sizes:
-        a, b = vca_gemm.random_operands(n, n, n, args.seed + n)
-        rows, ref = reference_for(a, b, np.random.default_rng(n))
+    for m, n, k in [(n, n, n) for n in sizes] + list(args.shapes):
+        a, b = vca_gemm.random_operands(m, n, k, args.seed + m + n + k)
+        rows, ref = reference_for(a, b, np.random.default_rng(m + n + k))
         for params in args.variants:
+            plan = None
             try:
                 t = timed(*runner.prepare(a, b, params), rows, ref, args.reps)
-                g = vca_gemm.gflops(n, n, n, best_seconds(t)) if t[2] else None
+                plan = runner.last_plan
+                g = vca_gemm.gflops(m, n, k, best_seconds(t)) if t[2] else None
             except Exception as exc:  # a variant the device refuses
                 g = None
                 print("  (%s: %s)" % (params, str(exc).splitlines()[0] if str(exc) else exc))
-            out.append({"n": n, "params": params, "gflops": g})
-            print("N=%5d  %8.1f%s  %s" % (n, g or 0, "" if g else " FAILED", params), flush=True)
+            out.append({"m": m, "n": n, "k": k, "params": params, "gflops": g, "plan": plan})
+            print("%-14s %8.1f%s  %s  %s" % ("%dx%dx%d" % (m, n, k), g or 0, "" if g else " FAILED", params,
+                                             plan and {x: plan[x] for x in ("slices", "edge", "padded")}), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"device": runner.describe(), "variants": out}, indent=1))
+
+
+def nvml_telemetry():
+    """(read, energy_j) over NVML for GPU 0 (the one GPU of the machine), or None without NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    except Exception as exc:  # no NVML here: sustained figures without clocks and energy
+        print("  (NVML unavailable: %s)" % exc, file=sys.stderr)
+        return None
+    reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+        pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+
+    def read():
+        return {"sm_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+                "power_w": pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0, "throttle": reasons(h)}
+
+    def energy_j():
+        return pynvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0    # mJ since the driver loaded
+
+    try:
+        read(), energy_j()
+    except Exception as exc:
+        print("  (NVML read failed: %s)" % exc, file=sys.stderr)
+        return None
+    return read, energy_j
+
+
+def burst_calls(args, single_s):
+    """Calls per burst: --burst, or more where that would end before --burst-min-s."""
+    return int(min(max(args.burst, math.ceil(args.burst_min_s / max(single_s, 1e-9))), 20000))
+
+
+def sustained(contenders, shape, calls, trials, telemetry):
+    """Each side's median burst of calls back-to-back products (sides alternating, one
+    unrecorded warm-up burst each), with clocks, power, throttle reasons and energy."""
+    m, n, k = shape
+    flops = 2.0 * m * n * k * calls
+    names = list(contenders)
+    for name in names:
+        contenders[name][0](calls)
+    per = {name: [] for name in names}
+    for trial in range(trials):
+        for name in (names if trial % 2 == 0 else names[::-1]):
+            run = contenders[name][0]
+            if telemetry:
+                with vca_gemm.Telemetry(*telemetry) as t:
+                    t0 = time.perf_counter()
+                    dev = run(calls)
+                    wall = time.perf_counter() - t0
+                per[name].append(vca_gemm.burst_figures(flops, dev if dev is not None else wall, t.samples,
+                                                        t.energy_delta_j))
+            else:
+                t0 = time.perf_counter()
+                dev = run(calls)
+                wall = time.perf_counter() - t0
+                per[name].append(vca_gemm.burst_figures(flops, dev if dev is not None else wall))
+            per[name][-1]["clock"] = "device events" if dev is not None else "host wall"
+    return {name: dict(vca_gemm.median_burst(per[name]), calls=calls, trials=trials) for name in names}
+
+
+def print_sustained(entry):
+    s = entry["sustained"]
+    parts = []
+    for name, f in s.items():
+        extra = []
+        if "sm_mhz" in f:
+            extra.append("SM %d-%d MHz" % (f["sm_mhz"]["min"], f["sm_mhz"]["max"]))
+        if "power_w" in f:
+            extra.append("%.0f W" % f["power_w"])
+        if "gflop_per_j" in f:
+            extra.append("%.1f GFLOP/J (%s)" % (f["gflop_per_j"], f["energy_source"]))
+        if f.get("throttle"):
+            extra.append("throttle " + "+".join(f["throttle"]))
+        parts.append("%s %.1f [%s]" % (name, f["gflops"], ", ".join(extra)))
+    base = [k for k in ("cublas", "openblas", "clblast") if k in s]
+    ratio = "  ".join("ours/%s %.2f" % (b, s["ours"]["gflops"] / s[b]["gflops"]) for b in base)
+    print("   sustained (%d calls a burst, median of %d): %s  %s" % (
+        s["ours"]["calls"], s["ours"]["trials"], "  ".join(parts), ratio), flush=True)
+
+
+def add_sustained(args, entry, contenders, check, telemetry):
+    """The sustained figures of one product into entry (ours verified again after the bursts)."""
+    m, n, k = entry["m"], entry["n"], entry["k"]
+    rows, ref = check
+    sides = {x: c for x, c in contenders.items() if x != "shipped"}
+    single = min(2.0 * m * n * k / (entry[x]["gflops"] * 1e9) for x in sides)
+    entry["sustained"] = sustained(sides, (m, n, k), burst_calls(args, single), args.trials, telemetry)
+    entry["sustained_verified"] = bool(ref.verify(np.asarray(contenders["ours"][1]())[rows])["passed"])
+    if not entry["sustained_verified"]:
+        entry["sustained"]["ours"]["gflops"] = None
+        print("   sustained: ours FAILED verification after the bursts", flush=True)
+    else:
+        print_sustained(entry)
 
 
 def main():
@@ -384,13 +504,15 @@ def main():
         return
     rows_out = []
     workdir = tempfile.mkdtemp(prefix="clblast-tune-")
+    telemetry = None if is_cpu or not args.burst else nvml_telemetry()
     problems = [(n, n, n) for n in sizes] + list(args.shapes)
     for m, n, k in problems:
         square = m == n == k
         a, b = vca_gemm.random_operands(m, n, k, args.seed + m + 3 * n + 7 * k)
         rows, ref = reference_for(a, b, np.random.default_rng(m + n + k))
-        params = tilings(m, n)
+        params = tilings(m, n, k)
         contenders = {"ours": runner.prepare(a, b, params)}
+        plan = runner.last_plan
         if square and not args.no_shipped and n <= (2048 if is_cpu else 4096):   # PoCL: minutes at 4096
             contenders["shipped"] = runner.prepare_shipped(a, b)
         if is_cpu:
@@ -400,12 +522,18 @@ def main():
             contenders["openblas"] = run_numpy(a, b)
         else:
             contenders["cublas"] = run_cublas(a, b)
-        entry = {"m": m, "n": n, "k": k, "size_class": vca_autotune.size_class(m, n), "ours_params": params}
+        entry = {"m": m, "n": n, "k": k, "size_class": vca_autotune.size_class(m, n, k), "ours_params": params,
+                 "plan": plan}
         entry.update(measure_contenders(contenders, (m, n, k), (rows, ref), args.reps))
+        label = "N=%5d" % n if square else "%dx%dx%d" % (m, n, k)
+        print_entry(label, entry, dict(params, **{"plan": {x: plan[x] for x in ("path", "slices", "edge")}}))
+        if args.burst and all(entry[x]["gflops"] for x in contenders if x != "shipped"):
+            add_sustained(args, entry, contenders, (rows, ref), telemetry)
         rows_out.append(entry)
-        print_entry("N=%5d" % n if square else "%dx%dx%d" % (m, n, k), entry, params)
     if args.json:
         Path(args.json).write_text(json.dumps({"device": runner.describe(), "tilings": tilings.won,
+                                               "burst": {"calls_min": args.burst, "min_s": args.burst_min_s,
+                                                         "trials": args.trials},
                                                "results": rows_out}, indent=1))
 
 

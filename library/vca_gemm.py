@@ -48,11 +48,14 @@ options:
         C(MxNxK) (A is MxK, B is KxN, C is MxN), for example C(4096x64x4096) (tall-skinny, as in
         LLM inference) or C(97x33x65). Each is verified against the float64 reference like a
         square size.
-      - Sides that are not multiples of the tiling's tiles are padded with zeros to the tiles,
-        run, and cut back; the padding is part of the timed run's work but not of its FLOP count
-        (GFLOP/s = 2MNK / time).
+      - Sides that are not multiples of the tiling's tiles run with bounds-checked edges
+        (float4 tilings, C(LMEM=2)), or are padded with zeros on the device and cut back there;
+        either way every step is inside the timed run, and only the real product's FLOPs count
+        (GFLOP/s = 2MNK / time). A tiny product on CPU OpenCL runs a direct kernel (one launch).
       - The tiling is chosen per size class of the output, C(small), C(medium) or C(large) by
-        sqrt(M*N), so a 4096x64 output runs the small class's tiles.
+        sqrt(M*N), or C(skinny) (one side at most 256, the other and K at least 2048; C(narrow)
+        if that side is at most 64), whose K is split over the device when the output has too
+        few tiles (C(plan) in each result).
     type: list
     elements: raw
     default: []
@@ -70,7 +73,10 @@ options:
     choices: [tuned, shipped]
     default: tuned
   params:
-    description: Explicit tiling macros (TM, TN, TK, WPTM, WPTN, VW, LMEM, KBARRIER; optionally PF, PACK); no tuning.
+    description:
+      - Explicit tiling macros (TM, TN, TK, WPTM, WPTN, VW, LMEM, KBARRIER; optionally PF, PACK,
+        DB, APAD, EDGE); no tuning. SPLITK (optional) is the host's count of K slices (1 never
+        splits; absent or 0, split when the output has too few tiles for the device).
     type: dict
   tune:
     description: Search the tiling space when the cache has no winner for this device and size class.
@@ -81,7 +87,11 @@ options:
     type: int
     default: 60
   tune_size:
-    description: N used while tuning each size class (default the class's largest side sqrt(M*N), at most 1024).
+    description:
+      - N used while tuning each size class (default the class's largest side sqrt(M*N), at most
+        1024); each candidate is scored by its worse figure at N and N + 128. The C(skinny) and
+        C(narrow) classes are tuned on 4096x128x4096 and 4096x256x4096, and on 4096x32x4096 and
+        4096x64x4096 (2048 on CPU OpenCL).
     type: int
   build_options:
     description: Extra OpenCL compiler options.
@@ -150,7 +160,7 @@ record:
       description: One entry per square size, then per shape, in the order given.
       type: list
       elements: dict
-      sample: [{"m": 4096, "n": 64, "k": 4096, "shape": "4096x64x4096", "size_class": "small",
+      sample: [{"m": 4096, "n": 64, "k": 4096, "shape": "4096x64x4096", "size_class": "narrow",
                 "gflops": 11030.4, "timing": {"clock": "device events"}}]
     tilings:
       description: Per size class, the tiling used and where it came from.
@@ -165,7 +175,15 @@ aborted:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.vca_autotune import Tuner, class_key, load_cache, size_class, start_params, store_cache
+from ansible.module_utils.vca_autotune import (
+    Tuner,
+    class_key,
+    load_cache,
+    size_class,
+    start_params,
+    store_cache,
+    tune_shapes,
+)
 from ansible.module_utils.vca_gemm import (
     CPURunner,
     OpenCLRunner,
@@ -181,7 +199,9 @@ from ansible.module_utils.vca_sysfs import Sysfs
 from ansible.module_utils.vca_thermal import NoThermalSensor, ThermalAbort, ThermalGuard
 
 PARAM_KEYS = ("TM", "TN", "TK", "WPTM", "WPTN", "VW", "LMEM", "KBARRIER")
-OPTIONAL_PARAM_KEYS = ("PF", "PACK", "DB", "APAD")   # the kernel's defaults: 0, 0, 0, 4
+# the kernel's defaults: 0, 0, 0, 4, 0; SPLITK is the host's (K slices; 0 or absent: as
+# vca_gemm.split_k decides, 1: never split)
+OPTIONAL_PARAM_KEYS = ("PF", "PACK", "DB", "APAD", "EDGE", "SPLITK")
 
 
 def pick_device(module, want):
@@ -221,29 +241,39 @@ def tiling(module, runner, cls, side, guard):
     if not p["tune"]:
         return start, {"source": "default"}
     n = p["tune_size"] or min(side, 1024)
-    a, b = random_operands(n, n, n, p["seed"] + 1)
-    ref = Reference(a, b)
+    # every candidate scored by its worse figure over the class's size and the neighbouring
+    # size (or the two skinny shapes), as bench/gemm_ratio.py tunes
+    shapes = tune_shapes(cls, runner.is_cpu(), n)
+    problems_ = []
+    for i, (tm, tn, tk) in enumerate(shapes):
+        a, b = random_operands(tm, tn, tk, p["seed"] + 1 + i)
+        problems_.append(((tm, tn, tk), a, b, Reference(a, b)))
     limits = {"max_work_group_size": device["max_work_group_size"], "local_mem_bytes": device["local_mem_bytes"]}
 
     def evaluate(params):
-        guard.check()
-        try:
-            run, result = runner.prepare(a, b, params, p["build_options"])
-            _, t = measure(run, result, ref, repetitions=2, guard=guard)
-        except VerificationFailed:
-            return None
-        except (ThermalAbort, NoThermalSensor):
-            raise
-        except Exception:  # a tiling the compiler or device refuses is simply not a candidate
-            return None
-        return gflops(n, n, n, t["median_s"])
+        scores = []
+        for (tm, tn, tk), a, b, ref in problems_:
+            guard.check()
+            try:
+                run, result = runner.prepare(a, b, params, p["build_options"])
+                _, t = measure(run, result, ref, repetitions=2, guard=guard)
+            except VerificationFailed:
+                return None
+            except (ThermalAbort, NoThermalSensor):
+                raise
+            except Exception:  # a tiling the compiler or device refuses is simply not a candidate
+                return None
+            scores.append(gflops(tm, tn, tk, t["median_s"]))
+        return min(scores)
 
+    n = min(min(shape[0], shape[2]) for shape in shapes)
     tuner = Tuner(evaluate, limits, n, budget=p["tune_budget"], seed=p["seed"])
     score, best = tuner.run(start=start)
     if best is None:
         module.fail_json(msg="autotuning found no tiling that verifies on %s" % device["name"],
                          trials=len(tuner.trials))
-    store_cache(p["cache_path"], key, {"params": best, "gflops": score, "tune_size": n})
+    store_cache(p["cache_path"], key, {"params": best, "gflops": score,
+                                       "tune_shapes": ["%dx%dx%d" % shape for shape in shapes]})
     return best, {"source": "tuned", "key": key, "trials": len(tuner.trials),
                   "verified_candidates": sum(1 for _, s in tuner.trials if s is not None), "gflops_at_tune_size": score}
 
@@ -325,18 +355,18 @@ def main():
             if p["backend"] == "opencl" and p["kernel"] == "tuned":
                 record["tilings"] = {}
                 sides = {}
-                for m, n, _ in todo:
-                    cls = size_class(m, n)
+                for m, n, k in todo:
+                    cls = size_class(m, n, k)
                     sides[cls] = max(sides.get(cls, 0), round((m * n) ** 0.5))
                 for cls, side in sides.items():
                     params, tuning = tiling(module, runner, cls, side, guard)
                     record["tilings"][cls] = {"params": params, "tuning": tuning}
                 largest = max(todo, key=lambda d: d[0] * d[1] * d[2])
-                record["params"] = record["tilings"][size_class(largest[0], largest[1])]["params"]
-                record["tuning"] = record["tilings"][size_class(largest[0], largest[1])]["tuning"]
+                record["params"] = record["tilings"][size_class(*largest)]["params"]
+                record["tuning"] = record["tilings"][size_class(*largest)]["tuning"]
             for m, n, k in todo:
                 a, b = random_operands(m, n, k, p["seed"])
-                cls = size_class(m, n)
+                cls = size_class(m, n, k)
                 if p["backend"] == "cpu":
                     run, result = runner.prepare(a, b)
                 elif p["kernel"] == "shipped":
@@ -345,10 +375,12 @@ def main():
                     run, result = runner.prepare(a, b, record["tilings"][cls]["params"], p["build_options"])
                 verification, timing = measure(run, result, Reference(a, b), p["repetitions"], guard=guard,
                                                expected_threads=threads, sustain_s=p["sustain_seconds"])
-                record["results"].append({"m": m, "n": n, "k": k, "shape": "%dx%dx%d" % (m, n, k),
-                                          "size_class": cls,
-                                          "gflops": round(gflops(m, n, k, timing["median_s"]), 2),
-                                          "timing": timing, "verification": verification})
+                entry = {"m": m, "n": n, "k": k, "shape": "%dx%dx%d" % (m, n, k), "size_class": cls,
+                         "gflops": round(gflops(m, n, k, timing["median_s"]), 2),
+                         "timing": timing, "verification": verification}
+                if p["backend"] == "opencl":
+                    entry["plan"] = runner.last_plan   # direct or tiled, K slices, edge checks or padding
+                record["results"].append(entry)
     except ThermalAbort as exc:
         module.exit_json(changed=False, aborted="thermal", temperature_c=exc.temperature_c, limit_c=exc.limit_c,
                          msg=str(exc), thermal=guard.record(), platform=record["platform"])

@@ -46,10 +46,19 @@ START_PARAMS = {
 # Per size class on GPUs (LMEM=2: float4 loads, double-buffered local memory, split
 # register block): smaller tiles for small products, so that more work-groups than
 # compute units exist (N=512 in 128x128 tiles is 16 work-groups for the H200's 132 SMs).
-GPU_CLASS_START = {   # the H200's tuned winners (bench/README.md), DB=0 APAD=4 by default
-    "small": dict(TM=32, TN=32, TK=16, WPTM=4, WPTN=4, VW=1, LMEM=2, KBARRIER=0, PF=0, PACK=0),
+GPU_CLASS_START = {   # measured winners (bench/README.md), DB=0 APAD=4 by default
+    # small: worse of 512 and 640 on the H100, 17.0 TFLOP/s against 14.3 for 32x32x16
+    "small": dict(TM=32, TN=64, TK=32, WPTM=4, WPTN=4, VW=1, LMEM=2, KBARRIER=0, PF=0, PACK=0),
     "medium": dict(TM=64, TN=64, TK=16, WPTM=8, WPTN=4, VW=1, LMEM=2, KBARRIER=0, PF=0, PACK=0),
     "large": dict(TM=128, TN=128, TK=8, WPTM=8, WPTN=8, VW=1, LMEM=2, KBARRIER=0, PF=0, PACK=0),
+    # tall-skinny outputs with a long K (4096x64x4096): large tiles, K split over the device
+    # (vca_gemm.split_k) rather than the small tiles that a 4096x64 output would otherwise get
+    # (H200: 4 slices of 128x128 tiles ran 4096x128x4096 at 34.8 TFLOP/s and 8192x128x8192 at 44.6)
+    "skinny": dict(TM=128, TN=128, TK=8, WPTM=8, WPTN=8, VW=1, LMEM=2, KBARRIER=0, PF=0, PACK=0),
+    # narrow: skinny with the short side at most 64 (4096x64x4096): 128x64x16 tiles, 8 K slices,
+    # 28.3 TFLOP/s on the H100 where 128x128 tiles (half of each wasted) ran 15.4; the best of
+    # the worse figure over 4096x32x4096 and 4096x64x4096 (64x64x16 ran 29.7 at N=64, 7.7 at 32)
+    "narrow": dict(TM=128, TN=64, TK=16, WPTM=8, WPTN=8, VW=1, LMEM=2, KBARRIER=0, PF=0, PACK=0),
 }
 # Size classes by the output's side, sqrt(M*N) (a 4096x64 output is "small": few tiles),
 # and the side each class is tuned at (CPU OpenCL tunes "large" at 2048: PoCL is slow).
@@ -60,13 +69,39 @@ TUNE_N = {"small": 512, "medium": 1024, "large": 4096}
 CPU_TUNE_N = {"small": 512, "medium": 1024, "large": 2048}
 
 
-def size_class(m, n=None):
-    """small, medium or large, by sqrt(M*N) (N = M when only one side is given)."""
+# Tuning scores a candidate by its worse figure at the class's size and this much above it,
+# so that a tiling suiting one size only does not win (the bench and the module alike).
+TUNE_NEIGHBOUR = 128
+# "skinny": one side of the output at most SKINNY_SIDE, the other and K at least SKINNY_LONG
+# (4096x128x4096, 8192x128x8192): few output tiles, much K; "narrow" where that side is at
+# most NARROW_SIDE (4096x64x4096). Each tuned on its two shapes.
+SKINNY_SIDE, SKINNY_LONG, NARROW_SIDE = 256, 2048, 64
+SKINNY_TUNE_SHAPES = {"skinny": ((4096, 128, 4096), (4096, 256, 4096)),
+                      "narrow": ((4096, 32, 4096), (4096, 64, 4096))}
+CPU_SKINNY_TUNE_SHAPES = {"skinny": ((2048, 128, 2048), (2048, 256, 2048)),
+                          "narrow": ((2048, 32, 2048), (2048, 64, 2048))}
+
+
+def size_class(m, n=None, k=None):
+    """small, medium or large, by sqrt(M*N) (N = M when only one side is given); "skinny"
+    or "narrow" when K is given and the output is tall-skinny over a long K."""
+    if n is not None and k is not None and min(m, n) <= SKINNY_SIDE and min(max(m, n), k) >= SKINNY_LONG:
+        return "narrow" if min(m, n) <= NARROW_SIDE else "skinny"
     side = (m * (m if n is None else n)) ** 0.5
     for name, upper in SIZE_CLASSES:
         if upper is None or side <= upper:
             return name
     raise AssertionError("unreachable")
+
+
+def tune_shapes(cls, is_cpu, n=None):
+    """The (M, N, K) products a class's candidates are scored on (each by its worse figure):
+    the class's tuning size n (default TUNE_N or CPU_TUNE_N) and n + TUNE_NEIGHBOUR, or the
+    two skinny shapes."""
+    if cls in SKINNY_TUNE_SHAPES:
+        return (CPU_SKINNY_TUNE_SHAPES if is_cpu else SKINNY_TUNE_SHAPES)[cls]
+    n = n or (CPU_TUNE_N if is_cpu else TUNE_N)[cls]
+    return ((n, n, n), (n + TUNE_NEIGHBOUR,) * 3)
 
 
 def start_params(is_cpu, cls="large"):
@@ -108,9 +143,9 @@ def class_key(device, cls):
     return "%s|%s|%s" % (device["name"], device["driver"], cls)
 
 
-def cache_key(device, n, m=None):
+def cache_key(device, n, m=None, k=None):
     """Winners are cached per device, driver and size class (of an M x N output; square if m is None)."""
-    return class_key(device, size_class(n, m))
+    return class_key(device, size_class(n, m, k))
 
 
 class Tuner(object):

@@ -119,6 +119,66 @@ def event_seconds(events):
     return (events[-1].profile.end - events[0].profile.start) * 1e-9
 
 
+# A product this small (FLOPs) whose padding to the tiles would more than double its work
+# runs the direct kernel on CPU OpenCL: one launch, nothing padded (97x33x65 on PoCL spent
+# far longer padding, packing and cutting back than multiplying).
+DIRECT_MAX_FLOPS = 2 ** 23
+# Split K only where K is long against the output (K >= SPLIT_K_RATIO * sqrt(M*N): square
+# products never split; on the H200 two slices cost 512 and 1024 a third of their speed),
+# and the output has fewer tiles than SPLIT_GROUPS_PER_CU work-groups per compute unit:
+# then as many slices as fill that many, one wave (H200: 4 slices of 128x128 tiles ran
+# 4096x128x4096 at 34.8 TFLOP/s, 9 slices, two waves, at 30.5).
+SPLIT_K_RATIO = 4
+SPLIT_GROUPS_PER_CU = 2
+SPLIT_MIN_SLICE = 256        # no K slice shorter than this (the reduction must stay cheap)
+SPLIT_MAX = 16
+
+
+def split_k(m, n, k, params, compute_units):
+    """(slices, K per slice) for an M x N x K product in this tiling: several slices only when
+    the output has too few tiles to give every compute unit SPLIT_GROUPS_PER_CU work-groups
+    and K is long. params' SPLITK (host-side, not a macro) forces the count: 1 never splits.
+    K per slice is a multiple of TK; the last slice may be shorter."""
+    tk = params["TK"]
+    forced = int(params.get("SPLITK", 0) or 0)
+    if forced:
+        slices = forced
+    else:
+        tiles = -(-m // params["TM"]) * -(-n // params["TN"])
+        want = SPLIT_GROUPS_PER_CU * max(int(compute_units), 1)
+        if tiles >= want or k < SPLIT_K_RATIO * math.sqrt(m * n):
+            return 1, round_up(k, tk)
+        slices = min(want // tiles, k // SPLIT_MIN_SLICE, SPLIT_MAX)
+    if slices <= 1:
+        return 1, round_up(k, tk)
+    ks = round_up(-(-k // slices), tk)
+    return -(-k // ks), ks
+
+
+def reduce_slices(partial, slices, rows, cols, ld=None):
+    """NumPy statement of reduce_splits (sgemm.cl): the slabs summed in order s = 0, 1, ...,
+    cut to rows x cols. partial is the flat buffer of slices x rows_p x ld floats."""
+    ld = cols if ld is None else ld
+    slabs = np.asarray(partial, dtype=np.float32).reshape(slices, -1, ld)[:, :rows, :cols]
+    out = np.zeros((rows, cols), dtype=np.float32)
+    for s in range(slices):
+        out += slabs[s]
+    return out
+
+
+def uses_edge(m, n, k, params):
+    """Whether a float4 (LMEM 2) tiling runs this shape with EDGE (bounds-checked edges, no
+    padding): any side off the tile, or rows that float4 loads cannot take aligned."""
+    return params.get("LMEM") == 2 and bool(m % params["TM"] or n % params["TN"] or k % params["TK"]
+                                            or k % 4 or n % 4)
+
+
+def is_direct(m, n, k, params, is_cpu):
+    """The direct kernel for a tiny product on CPU OpenCL, where padding would more than double it."""
+    padded_work = round_up(m, params["TM"]) * round_up(n, params["TN"]) * round_up(k, params["TK"])
+    return bool(is_cpu and 2 * m * n * k <= DIRECT_MAX_FLOPS and padded_work > 2 * m * n * k)
+
+
 class OpenCLRunner(object):
     """Builds the tiled kernel for one parameter set and runs it on one device."""
 
@@ -133,6 +193,7 @@ class OpenCLRunner(object):
         self.source = source
         self.shipped_source = shipped_source
         self._kernels = {}
+        self.last_plan = None
 
     def describe(self):
         d = self.device
@@ -152,65 +213,111 @@ class OpenCLRunner(object):
             self._kernels[key] = self.cl.Program(self.ctx, self.source).build(options=" ".join(opts))
         return self.cl.Kernel(self._kernels[key], name)
 
+    def _buffer(self, floats):
+        return self.cl.Buffer(self.ctx, self.cl.mem_flags.READ_WRITE, max(int(floats), 1) * 4)
+
     def _upload(self, a, b, c_shape):
-        """Device buffers for A, B and C, and a read-back of C cut to (rows, cols)."""
+        """Device buffers for A, B and C (C is c_shape, read back whole)."""
         cl = self.cl
         mf = cl.mem_flags
-        abuf = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=a)
-        bbuf = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=b)
-        cbuf = cl.Buffer(self.ctx, mf.WRITE_ONLY, c_shape[0] * c_shape[1] * 4)
+        abuf = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(a))
+        bbuf = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(b))
+        cbuf = cl.Buffer(self.ctx, mf.READ_WRITE, c_shape[0] * c_shape[1] * 4)
 
-        def read_back(rows, cols):
+        def read_back():
             out = np.empty(c_shape, dtype=np.float32)
             cl.enqueue_copy(self.queue, out, cbuf)
-            return out[:rows, :cols]
+            return out
 
         return abuf, bbuf, cbuf, read_back
 
-    def prepare(self, a, b, params, extra=()):
-        """Pad to the tiles, upload, and return a callable that runs once and waits."""
+    def _runner(self, steps):
+        """run(calls=1): queue every step calls times back to back, wait for the last; the
+        device seconds from the first step's start to the last one's end."""
+        cl = self.cl
+        for kernel, _, _, args in steps:
+            kernel.set_args(*args)          # once: a burst's calls cost the host an enqueue each, no more
+
+        def run(calls=1):
+            first = last = None
+            for _ in range(max(int(calls), 1)):
+                for kernel, glob, local, _ in steps:
+                    last = cl.enqueue_nd_range_kernel(self.queue, kernel, glob, local)
+                    first = first or last
+            last.wait()
+            return event_seconds([first, last])
+
+        return run
+
+    def prepare(self, a, b, params, extra=(), direct=None):
+        """Upload the operands as they are and return (run, result): run(calls=1) runs the
+        product calls times and returns device seconds; result() is C (M x N).
+
+        Every step on the way is on the device and inside the timed run: padding to the tiles
+        (pad2d, only for tilings without EDGE and shapes off the tiles), packing, the product
+        (split over K when the output has too few tiles for the device), and the reduction of
+        the K slices or the cut back of a padded C (reduce_splits). The plan is in last_plan."""
         m, k = a.shape
         n = b.shape[1]
-        mp, np_, kp = round_up(m, params["TM"]), round_up(n, params["TN"]), round_up(k, params["TK"])
-        abuf, bbuf, cbuf, read_back = self._upload(padded(a, mp, kp), padded(b, kp, np_), (mp, np_))
-        kernel = self._kernel(params, extra)
-        local = (params["TN"] // params["WPTN"], params["TM"] // params["WPTM"])
-        glob = (np_ // params["TN"] * local[0], mp // params["TM"] * local[1])
+        params = dict(params)
+        forced_split = params.pop("SPLITK", 0)
+        abuf, bbuf, cbuf, read_back = self._upload(a, b, (m, n))
+        i32 = np.int32
+        if direct is None:
+            direct = is_direct(m, n, k, params, self.is_cpu())
+        if direct:
+            kernel = self._kernel(params, extra, "sgemm_direct")
+            self.last_plan = {"path": "direct", "slices": 1, "edge": True, "padded": False}
+            return (self._runner([(kernel, (n, m), None, (i32(m), i32(n), i32(k), abuf, bbuf, cbuf))]),
+                    read_back)
+        edge = uses_edge(m, n, k, params)
+        if edge:
+            params["EDGE"] = 1
+            mp, np_, kp = m, n, k
+        else:
+            mp, np_, kp = round_up(m, params["TM"]), round_up(n, params["TN"]), round_up(k, params["TK"])
         steps = []
+        if (mp, kp) != (m, k):
+            apad = self._buffer(mp * kp)
+            steps.append((self._kernel(params, extra, "pad2d"), (kp, mp), None,
+                          (i32(m), i32(k), i32(kp), abuf, apad)))
+            abuf = apad
+        if (kp, np_) != (k, n):
+            bpad = self._buffer(kp * np_)
+            steps.append((self._kernel(params, extra, "pad2d"), (np_, kp), None,
+                          (i32(k), i32(n), i32(np_), bbuf, bpad)))
+            bbuf = bpad
         if params.get("PACK") and not params["LMEM"]:
-            mf = self.cl.mem_flags
-            apbuf = self.cl.Buffer(self.ctx, mf.READ_WRITE, mp * kp * 4)
-            bpbuf = self.cl.Buffer(self.ctx, mf.READ_WRITE, kp * np_ * 4)
-            steps.append((self._kernel(params, extra, "pack_a"), (kp, mp // params["WPTM"]),
-                          (np.int32(mp), np.int32(kp), abuf, apbuf)))
-            steps.append((self._kernel(params, extra, "pack_b"), (kp, np_ // params["WPTN"]),
-                          (np.int32(kp), np.int32(np_), bbuf, bpbuf)))
+            apbuf, bpbuf = self._buffer(mp * kp), self._buffer(kp * np_)
+            steps.append((self._kernel(params, extra, "pack_a"), (kp, mp // params["WPTM"]), None,
+                          (i32(mp), i32(kp), abuf, apbuf)))
+            steps.append((self._kernel(params, extra, "pack_b"), (kp, np_ // params["WPTN"]), None,
+                          (i32(kp), i32(np_), bbuf, bpbuf)))
             abuf, bbuf = apbuf, bpbuf
-        args = (np.int32(mp), np.int32(np_), np.int32(kp), abuf, bbuf, cbuf)
-
-        def run():
-            """One product, waited for; returns its device seconds (packing included)."""
-            events = [pack(self.queue, size, None, *pack_args)     # packing is part of every timed run
-                      for pack, size, pack_args in steps]
-            events.append(kernel(self.queue, glob, local, *args))
-            events[-1].wait()
-            return event_seconds(events)
-
-        return run, (lambda: read_back(m, n))
+        slices, ks = split_k(m, n, kp, dict(params, SPLITK=forced_split), self.describe()["compute_units"])
+        padded_c = (mp, np_) != (m, n)
+        out = self._buffer(slices * mp * np_) if slices > 1 or padded_c else cbuf
+        local = (params["TN"] // params["WPTN"], params["TM"] // params["WPTM"], 1)
+        glob = (-(-np_ // params["TN"]) * local[0], -(-mp // params["TM"]) * local[1], slices)
+        steps.append((self._kernel(params, extra), glob, local, (i32(mp), i32(np_), i32(kp), i32(ks), abuf, bbuf, out)))
+        if out is not cbuf:
+            # GPUs: 64 x 4 work-groups over a rounded-up range (the kernel bounds-checks)
+            rlocal = None if self.is_cpu() else (64, 4)
+            rglob = (n, m) if rlocal is None else (round_up(n, 64), round_up(m, 4))
+            steps.append((self._kernel(params, extra, "reduce_splits"), rglob, rlocal,
+                          (i32(m), i32(n), i32(np_), i32(slices), i32(mp * np_), out, cbuf)))
+        self.last_plan = {"path": "tiled", "slices": slices, "k_per_slice": ks, "edge": edge,
+                          "padded": bool((mp, np_, kp) != (m, n, k)), "launches": len(steps)}
+        return self._runner(steps), read_back
 
     def prepare_shipped(self, a, b):
         """The shipped kernel's way: one element per work-item, local size left to the runtime."""
         m, k = a.shape
         n = b.shape[1]
-        abuf, bbuf, cbuf, read_back = self._upload(np.ascontiguousarray(a), np.ascontiguousarray(b), (m, n))
+        abuf, bbuf, cbuf, read_back = self._upload(a, b, (m, n))
         kernel = self.cl.Kernel(self.cl.Program(self.ctx, self.shipped_source).build(), "sgemm_shipped")
-
-        def run():
-            event = kernel(self.queue, (n, m), None, np.int32(m), np.int32(n), np.int32(k), abuf, bbuf, cbuf)
-            event.wait()
-            return event_seconds([event])
-
-        return run, (lambda: read_back(m, n))
+        return self._runner([(kernel, (n, m), None, (np.int32(m), np.int32(n), np.int32(k), abuf, bbuf, cbuf))]), \
+            read_back
 
 
 class CPURunner(object):
@@ -267,3 +374,84 @@ def measure(run, result, reference, repetitions, *, warmup=1, guard=None, expect
         raise VerificationFailed(last)
     return verification, timing(samples, cpu_s, wall_s, expected_threads,
                                 device if len(device) == len(samples) else None)
+
+
+# NVML's clock-event (throttle) reason bits, as nvidia-smi names them.
+THROTTLE_REASONS = ((0x1, "gpu_idle"), (0x2, "applications_clocks_setting"), (0x4, "sw_power_cap"),
+                    (0x8, "hw_slowdown"), (0x10, "sync_boost"), (0x20, "sw_thermal_slowdown"),
+                    (0x40, "hw_thermal_slowdown"), (0x80, "hw_power_brake_slowdown"),
+                    (0x100, "display_clock_setting"))
+
+
+def throttle_names(mask):
+    return [name for bit, name in THROTTLE_REASONS if int(mask) & bit]
+
+
+class Telemetry(object):
+    """Samples read() -> {"sm_mhz", "power_w", "throttle" (bit mask)} every interval_s in a
+    thread while a burst runs (with ... as t), and reads the energy counter energy_j()
+    (joules, monotonic; None where the device has none) before and after. Both readers are
+    injected: NVML on a GPU, a fake in the tests."""
+
+    def __init__(self, read, energy_j=None, interval_s=0.02):
+        import threading
+
+        self.read, self.energy_j, self.interval_s = read, energy_j, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self.samples, self.energy_delta_j, self.wall_s = [], None, 0.0
+
+    def _loop(self):
+        while not self._stop.is_set():
+            self.samples.append(self.read())
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self):
+        self._e0 = self.energy_j() if self.energy_j else None
+        self._t0 = time.perf_counter()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.samples.append(self.read())
+        self.wall_s = time.perf_counter() - self._t0
+        if self._e0 is not None:
+            self.energy_delta_j = self.energy_j() - self._e0
+        return False
+
+
+def burst_figures(flops, seconds, samples=(), energy_delta_j=None):
+    """One burst's figures: GFLOP/s over its device seconds; clocks, power and throttle
+    reasons from the samples; energy from the counter's delta where there is one (> 0),
+    else mean sampled power x seconds; GFLOP per joule from that energy."""
+    out = {"gflops": flops / seconds / 1e9, "seconds": seconds}
+    clocks = [s["sm_mhz"] for s in samples if s.get("sm_mhz") is not None]
+    power = [s["power_w"] for s in samples if s.get("power_w") is not None]
+    mask = 0
+    for s in samples:
+        mask |= int(s.get("throttle") or 0)
+    if clocks:
+        out["sm_mhz"] = {"min": min(clocks), "median": statistics.median(clocks), "max": max(clocks)}
+    if power:
+        out["power_w"] = statistics.fmean(power)
+    out["throttle"] = throttle_names(mask)
+    if energy_delta_j is not None and energy_delta_j > 0:
+        out["energy_j"], out["energy_source"] = energy_delta_j, "counter"
+    elif power:
+        out["energy_j"], out["energy_source"] = out["power_w"] * seconds, "mean power x time"
+    if out.get("energy_j"):
+        out["gflop_per_j"] = flops / 1e9 / out["energy_j"]
+    if power:                        # beside the counter's: NVML's power reading lags (a 1 s mean)
+        out["gflop_per_j_mean_power"] = flops / 1e9 / (out["power_w"] * seconds)
+    return out
+
+
+def median_burst(trials):
+    """The trial whose GFLOP/s is the median (the lower middle one of an even count), with
+    every trial's GFLOP/s beside it: the figure, its clocks and its energy stay one run's."""
+    ranked = sorted(trials, key=lambda t: t["gflops"])
+    mid = dict(ranked[(len(ranked) - 1) // 2])
+    mid["trials_gflops"] = [t["gflops"] for t in trials]
+    return mid

@@ -8,13 +8,19 @@ import subprocess
 import numpy as np
 import pyopencl
 import pytest
-from ansible.module_utils.vca_autotune import SPACE, Tuner, cache_key, size_class, valid
+from ansible.module_utils.vca_autotune import SPACE, Tuner, cache_key, size_class, tune_shapes, valid
 from ansible.module_utils.vca_gemm import (
     OpenCLRunner,
     Reference,
+    Telemetry,
     VerificationFailed,
+    burst_figures,
     measure,
+    median_burst,
     random_operands,
+    reduce_slices,
+    split_k,
+    throttle_names,
     timing,
     tolerance,
 )
@@ -303,3 +309,151 @@ def test_float4_tilings_that_do_not_divide_are_pruned():
     assert not valid(dict(ok, TK=4), LIMITS, 64)                # 32x4 floats: 32 float4s for 64 work-items
     assert not valid(dict(ok, VW=4), LIMITS, 64)                # VW means nothing on LMEM 2: one point only
     assert not valid(dict(SMALL_CPU, PF=0, PACK=0, DB=1, APAD=4), LIMITS, 64)   # DB only on LMEM 2
+
+
+def pocl_runner():
+    return OpenCLRunner(pyopencl.get_platforms()[0].get_devices()[0], (PROBES / "sgemm.cl").read_text())
+
+
+def test_split_k_slices_only_outputs_with_too_few_tiles():
+    p = dict(TM=128, TN=64, TK=8)
+    assert split_k(4096, 64, 4096, p, 132) == (8, 512)          # 32 tiles: 8 slices fill 264 work-groups
+    assert split_k(512, 512, 512, dict(TM=64, TN=64, TK=16), 132) == (1, 512)   # square: never (64 tiles)
+    assert split_k(8192, 8192, 8192, p, 132) == (1, 8192)        # 8192 tiles: no split
+    assert split_k(4096, 64, 300, p, 132) == (1, 304)            # K too short to slice
+    assert split_k(4096, 64, 4096, dict(p, SPLITK=1), 132) == (1, 4096)
+    assert split_k(100, 64, 1001, dict(p, SPLITK=3), 4) == (3, 336)   # last slice shorter: 1001 - 672
+    slices, ks = split_k(4096, 64, 4100, p, 132)
+    assert ks % 8 == 0 and (slices - 1) * ks < 4100 <= slices * ks
+
+
+def test_split_k_reduction_sums_the_slabs_in_order():
+    rng = np.random.default_rng(4)
+    slabs = rng.standard_normal((3, 5, 8)).astype(np.float32)      # 3 slices of a padded 5 x 8 C
+    out = reduce_slices(slabs.ravel(), 3, 4, 6, ld=8)
+    assert out.shape == (4, 6)
+    np.testing.assert_array_equal(out, ((slabs[0] + slabs[1]) + slabs[2])[:4, :6])
+
+
+@pytest.mark.parametrize("params", [SMALL_VEC, SMALL_CPU, SMALL_PACKED, SMALL_PREFETCH],
+                         ids=["float4", "vector", "packed", "prefetch"])
+@pytest.mark.parametrize("shape", [(64, 32, 200), (97, 33, 650), (40, 24, 1001)])
+def test_split_k_products_are_verified(params, shape):
+    """K split into 3 slabs on the device and summed by reduce_splits: verified against float64."""
+    m, n, k = shape
+    runner = pocl_runner()
+    a, b = random_operands(m, n, k, 11)
+    run, result = runner.prepare(a, b, dict(params, SPLITK=3), direct=False)
+    run()
+    assert runner.last_plan["slices"] == 3
+    v = Reference(a, b).verify(result())
+    assert v["passed"] and v["elements"] == m * n, v
+    run(4)                                   # a burst rewrites the slabs and the sum, never accumulates
+    assert Reference(a, b).verify(result())["passed"]
+
+
+@pytest.mark.parametrize("shape", [(97, 33, 65), (33, 97, 130), (300, 7, 200), (5, 200, 3), (70, 36, 45), (64, 64, 61),
+                                   (64, 64, 52)])
+def test_odd_shapes_run_with_bounds_checked_edges_not_padding(shape):
+    """A float4 tiling runs every side off the tile with EDGE: no padding step, and the K
+    edge (a last chunk shorter than TK, rows not 16-byte aligned) verified."""
+    m, n, k = shape
+    runner = pocl_runner()
+    a, b = random_operands(m, n, k, 12)
+    run, result = runner.prepare(a, b, SMALL_VEC, direct=False)
+    run()
+    assert runner.last_plan["edge"] is True and runner.last_plan["padded"] is False
+    assert runner.last_plan["launches"] == 1                 # the product alone: nothing before or after
+    assert result().shape == (m, n)
+    assert Reference(a, b).verify(result())["passed"]
+
+
+def test_tilings_without_edge_pad_on_the_device_inside_the_timed_run():
+    runner = pocl_runner()
+    a, b = random_operands(97, 33, 65, 13)
+    run, result = runner.prepare(a, b, SMALL_PACKED, direct=False)
+    run()
+    plan = runner.last_plan
+    assert plan["padded"] is True and plan["edge"] is False
+    assert plan["launches"] == 6           # pad A, pad B, pack A, pack B, product, cut back: all timed
+    assert Reference(a, b).verify(result())["passed"]
+
+
+def test_tiny_products_run_the_direct_kernel_on_cpu_opencl():
+    runner = pocl_runner()
+    a, b = random_operands(97, 33, 65, 14)
+    run, result = runner.prepare(a, b, SMALL_CPU)
+    assert run() > 0 and runner.last_plan["path"] == "direct"
+    assert Reference(a, b).verify(result())["passed"]
+    a, b = random_operands(256, 256, 256, 14)                 # a whole number of tiles: the tiled kernel
+    runner.prepare(a, b, SMALL_CPU)
+    assert runner.last_plan["path"] == "tiled"
+
+
+class FakeGPU(object):
+    """A clock, power and energy reader: 700 W and a power-capped 1830 MHz while 'busy'."""
+
+    def __init__(self):
+        self.energy = 1000.0
+        self.reads = 0
+
+    def read(self):
+        self.reads += 1
+        return {"sm_mhz": 1830 if self.reads % 2 else 1845, "power_w": 700.0, "throttle": 0x4}
+
+    def energy_j(self):
+        self.energy += 35.0                  # each read of the counter sees 35 J more
+        return self.energy
+
+
+def test_burst_energy_prefers_the_counter_and_reports_clocks_and_throttle():
+    gpu = FakeGPU()
+    with Telemetry(gpu.read, gpu.energy_j, interval_s=0.001) as t:
+        pass
+    assert t.energy_delta_j == 35.0 and len(t.samples) >= 2
+    flops = 20 * 2.0 * 8192 ** 3
+    f = burst_figures(flops, 0.5, t.samples, t.energy_delta_j)
+    assert f["gflops"] == pytest.approx(flops / 0.5 / 1e9)
+    assert f["energy_source"] == "counter" and f["energy_j"] == 35.0
+    assert f["gflop_per_j"] == pytest.approx(flops / 1e9 / 35.0)
+    assert f["sm_mhz"]["min"] == 1830 and f["sm_mhz"]["max"] == 1845 and f["power_w"] == 700.0
+    assert f["throttle"] == ["sw_power_cap"]
+
+
+def test_burst_energy_falls_back_to_mean_power_times_time():
+    samples = [{"sm_mhz": 1980, "power_w": 600.0, "throttle": 0}, {"sm_mhz": 1980, "power_w": 700.0, "throttle": 0}]
+    for counter in (None, 0.0):                    # no counter, or one that did not move
+        f = burst_figures(1e12, 2.0, samples, counter)
+        assert f["energy_source"] == "mean power x time" and f["energy_j"] == pytest.approx(1300.0)
+        assert f["gflop_per_j"] == pytest.approx(1000 / 1300.0) and f["throttle"] == []
+    bare = burst_figures(1e12, 2.0)                # no telemetry at all (PoCL): the rate alone
+    assert bare["gflops"] == 500.0 and "gflop_per_j" not in bare
+
+
+def test_throttle_names_and_median_burst():
+    assert throttle_names(0x4 | 0x40) == ["sw_power_cap", "hw_thermal_slowdown"]
+    trials = [{"gflops": g, "sm_mhz": g} for g in (5.0, 1.0, 3.0, 4.0)]
+    mid = median_burst(trials)
+    assert mid["gflops"] == 3.0 and mid["sm_mhz"] == 3.0 and mid["trials_gflops"] == [5.0, 1.0, 3.0, 4.0]
+
+
+def test_skinny_outputs_over_a_long_k_are_their_own_class():
+    assert size_class(4096, 128, 4096) == "skinny" and size_class(8192, 128, 8192) == "skinny"
+    assert size_class(4096, 64, 4096) == "narrow" and size_class(64, 4096, 4096) == "narrow"
+    assert size_class(4096, 64, 64) == "small"                 # short K: nothing to split
+    assert size_class(4096, 4096, 4096) == "large" and size_class(97, 33, 65) == "small"
+
+
+def test_classes_are_tuned_at_their_size_and_the_neighbouring_size():
+    assert tune_shapes("large", False) == ((4096, 4096, 4096), (4224, 4224, 4224))
+    assert tune_shapes("small", True, 64) == ((64, 64, 64), (192, 192, 192))
+    assert tune_shapes("skinny", False) == ((4096, 128, 4096), (4096, 256, 4096))
+    assert tune_shapes("narrow", True) == ((2048, 32, 2048), (2048, 64, 2048))
+
+
+def test_the_module_scores_candidates_at_two_sizes(tmp_path, capsys):
+    args = opencl_args(tmp_path, sizes=[64], tune_budget=2, tune_size=64)
+    record = run_module("vca_gemm", args, capsys)["record"]
+    cache = json.loads((tmp_path / "tune.json").read_text())
+    assert cache[cache_key(record["device"], 64)]["tune_shapes"] == ["64x64x64", "192x192x192"]
+    assert record["results"][0]["plan"]["path"] in ("tiled", "direct")

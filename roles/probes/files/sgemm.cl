@@ -33,7 +33,15 @@
 //               pack_b (run before sgemm, and timed with it) so that each
 //               work-item streams its rows of A and its columns of B as
 //               contiguous panels: [panel][k][WPTM] and [panel][k][WPTN]
-// The host pads: M % TM == 0, N % TN == 0, K % TK == 0.
+//   EDGE        with LMEM 2: 1 bounds-checks the work-groups on the edge of C and
+//               the last K chunk (zeros outside A and B, no stores outside C),
+//               so M, N, K need not be multiples of the tile and nothing is padded;
+//               interior work-groups keep the float4 path (one uniform branch)
+// Without EDGE the host pads M % TM == 0, N % TN == 0, K % TK == 0, on the device
+// (pad2d below, timed with the product) and cuts C back (reduce_splits).
+// Split K: the third NDRange dimension is the K slice. Work-group z multiplies
+// K range [z*KS, min(K, (z+1)*KS)) (KS a multiple of TK) into its own M x N
+// slab of C (C + z*M*N); reduce_splits sums the slabs in a fixed order.
 // SKIP_LAST_K_TILE (tests only) drops the last K chunk: a deliberately
 // wrong kernel that a random-data check must reject.
 
@@ -48,6 +56,9 @@
 #endif
 #ifndef APAD
 #define APAD 4
+#endif
+#ifndef EDGE
+#define EDGE 0
 #endif
 #define RTSM (TM / WPTM)   // work-items along M
 #define RTSN (TN / WPTN)   // work-items along N
@@ -66,21 +77,24 @@
 #endif
 
 #ifdef SKIP_LAST_K_TILE
-#define KEND (K - TK)
+#define KEND (ke - TK)
 #else
-#define KEND K
+#define KEND ke
 #endif
 
 __kernel __attribute__((reqd_work_group_size(RTSN, RTSM, 1)))
-void sgemm(const int M, const int N, const int K,
+void sgemm(const int M, const int N, const int K, const int KS,
            __global const float *restrict A,
            __global const float *restrict B,
-           __global float *restrict C)
+           __global float *restrict Cout)
 {
     const int tn = get_local_id(0);
     const int tm = get_local_id(1);
     const int n0 = get_group_id(0) * TN;
     const int m0 = get_group_id(1) * TM;
+    const int kb = get_group_id(2) * KS;           // this work-group's K slice
+    const int ke = min(K, kb + KS);
+    __global float *restrict C = Cout + (size_t)get_group_id(2) * M * N;
 
 #if LMEM == 2
 #define NT (RTSM * RTSN)
@@ -95,7 +109,7 @@ void sgemm(const int M, const int N, const int K,
     __local float Bs[NBUF][TK][TN] __attribute__((aligned(16)));
     const int tid = tm * RTSN + tn;
     float4 ra[LA4], rb[LB4];
-#define FETCH4(k0)                                                                       \
+#define FETCH4_FAST(k0)                                                                  \
     for (int l = 0; l < LA4; l++) {                                                      \
         const int e = tid + l * NT;                                                      \
         ra[l] = *(__global const float4 *)(A + (m0 + e / KQ) * K + (k0) + (e % KQ) * 4); \
@@ -104,6 +118,35 @@ void sgemm(const int M, const int N, const int K,
         const int e = tid + l * NT;                                                      \
         rb[l] = *(__global const float4 *)(B + ((k0) + e / NQ) * N + n0 + (e % NQ) * 4); \
     }
+#if EDGE
+// zeros outside A (M x ke) and B (ke x N); a float4 load where the four floats are inside
+// and 16-byte aligned, else four checked scalar loads (only edge work-groups branch here)
+#define AE(r, c) (((r) < M && (c) < ke) ? A[(r) * K + (c)] : 0.0f)
+#define BE(r, c) (((r) < ke && (c) < N) ? B[(r) * N + (c)] : 0.0f)
+#define AQ(r, c) (((r) < M && (c) + 3 < ke && K % 4 == 0)                                  \
+                  ? *(__global const float4 *)(A + (r) * K + (c))                           \
+                  : (float4)(AE(r, c), AE(r, c + 1), AE(r, c + 2), AE(r, c + 3)))
+#define BQ(r, c) (((r) < ke && (c) + 3 < N && N % 4 == 0)                                  \
+                  ? *(__global const float4 *)(B + (r) * N + (c))                           \
+                  : (float4)(BE(r, c), BE(r, c + 1), BE(r, c + 2), BE(r, c + 3)))
+#define FETCH4(k0)                                                                       \
+    if (interior && (k0) + TK <= ke) {                                                   \
+        FETCH4_FAST(k0)                                                                  \
+    } else {                                                                             \
+        for (int l = 0; l < LA4; l++) {                                                  \
+            const int e = tid + l * NT;                                                  \
+            ra[l] = AQ(m0 + e / KQ, (k0) + (e % KQ) * 4);                                \
+        }                                                                                \
+        for (int l = 0; l < LB4; l++) {                                                  \
+            const int e = tid + l * NT;                                                  \
+            rb[l] = BQ((k0) + e / NQ, n0 + (e % NQ) * 4);                                \
+        }                                                                                \
+    }
+    // uniform over the work-group: its whole tile inside C, and rows 16-byte aligned
+    const int interior = m0 + TM <= M && n0 + TN <= N && K % 4 == 0 && N % 4 == 0;
+#else
+#define FETCH4(k0) FETCH4_FAST(k0)
+#endif
 #define STORE4(buf)                                                                      \
     for (int l = 0; l < LA4; l++) {                                                      \
         const int e = tid + l * NT, r = e / KQ, c = (e % KQ) * 4;                        \
@@ -120,11 +163,11 @@ void sgemm(const int M, const int N, const int K,
     for (int i = 0; i < WPTM; i++)
         for (int j = 0; j < WPTN; j++)
             acc[i][j] = 0.0f;
-    FETCH4(0)
+    FETCH4(kb)
     STORE4(0)
     barrier(CLK_LOCAL_MEM_FENCE);
     int buf = 0;
-    for (int k0 = 0; k0 < KEND; k0 += TK) {
+    for (int k0 = kb; k0 < KEND; k0 += TK) {
         const int more = k0 + TK < KEND;
         if (more) {
             FETCH4(k0 + TK)
@@ -158,6 +201,27 @@ void sgemm(const int M, const int N, const int K,
         barrier(CLK_LOCAL_MEM_FENCE);
 #endif
     }
+#if EDGE
+    if (!interior) {
+        for (int i = 0; i < WPTM; i++) {
+            const int row = m0 + (i / 4) * RTSM * 4 + tm * 4 + i % 4;
+            if (row >= M)
+                continue;
+            for (int j = 0; j < BN; j++) {
+                const int col = n0 + j * RTSN * 4 + tn * 4;
+                if (col + 3 < N && N % 4 == 0) {
+                    *(__global float4 *)&C[row * N + col] =
+                        (float4)(acc[i][4 * j], acc[i][4 * j + 1], acc[i][4 * j + 2], acc[i][4 * j + 3]);
+                } else {
+                    for (int q = 0; q < 4; q++)
+                        if (col + q < N)
+                            C[row * N + col + q] = acc[i][4 * j + q];
+                }
+            }
+        }
+        return;
+    }
+#endif
     for (int i = 0; i < WPTM; i++) {
         const int row = m0 + (i / 4) * RTSM * 4 + tm * 4 + i % 4;
         for (int j = 0; j < BN; j++)
@@ -184,7 +248,7 @@ void sgemm(const int M, const int N, const int K,
         const int e = tid + l * NT;                                        \
         if (e < TK * TN) rb[l] = B[((k0) + e / TN) * N + n0 + e % TN];     \
     }
-    FETCH(0)
+    FETCH(kb)
 #endif
 #if VW == 1
     // Each work-item owns rows m0 + tm + i*RTSM and columns n0 + tn + j*RTSN:
@@ -201,7 +265,7 @@ void sgemm(const int M, const int N, const int K,
     for (int i = 0; i < WPTM; i++)
         for (int j = 0; j < WPTNV; j++)
             acc[i][j] = (floatv)(0.0f);
-    for (int k0 = 0; k0 < KEND; k0 += TK) {
+    for (int k0 = kb; k0 < KEND; k0 += TK) {
 #if PF
         for (int l = 0; l < LA; l++) {
             const int e = tid + l * NT;
@@ -279,7 +343,7 @@ void sgemm(const int M, const int N, const int K,
     UNROLL for (int i = 0; i < WPTM; i++)
         UNROLL for (int j = 0; j < WPTNV; j++)
             acc[i][j] = (floatv)(0.0f);
-    for (int k0 = 0; k0 < KEND; k0 += TK) {
+    for (int k0 = kb; k0 < KEND; k0 += TK) {
         for (int k = k0; k < k0 + TK; k++) {
             floatv b[WPTNV];
             UNROLL for (int j = 0; j < WPTNV; j++)
@@ -317,3 +381,42 @@ __kernel void pack_b(const int K, const int N, __global const float *restrict B,
         VSTORE(VLOAD(k * N + q * WPTN + j * VW, B), (q * K + k) * WPTN + j * VW, Bp);
 }
 #endif
+
+// dst (rows_p x cols_p) = src (rows x cols) padded with zeros: the device-side padding
+// of tilings without EDGE, queued and timed with the product. One work-item per element.
+__kernel void pad2d(const int rows, const int cols, const int cols_p,
+                    __global const float *restrict src, __global float *restrict dst)
+{
+    const int c = get_global_id(0), r = get_global_id(1);
+    dst[r * cols_p + c] = (r < rows && c < cols) ? src[r * cols + c] : 0.0f;
+}
+
+// dst (rows x cols) = sum over s < S of src[s * stride + r * ld + c], in order s = 0, 1, ...:
+// split-K's reduction of the slabs, and (S = 1) the cut back of a padded C.
+__kernel void reduce_splits(const int rows, const int cols, const int ld, const int S, const int stride,
+                            __global const float *restrict src, __global float *restrict dst)
+{
+    const int c = get_global_id(0), r = get_global_id(1);
+    if (r >= rows || c >= cols)
+        return;
+    float sum = 0.0f;
+    for (int s = 0; s < S; s++)
+        sum += src[(size_t)s * stride + r * ld + c];
+    dst[r * cols + c] = sum;
+}
+
+// Products smaller than a tile (CPU OpenCL): one element of C per work-item, bounds
+// checked, in one launch: no padding, packing or cut back to pay for.
+__kernel void sgemm_direct(const int M, const int N, const int K,
+                           __global const float *restrict A,
+                           __global const float *restrict B,
+                           __global float *restrict C)
+{
+    const int n = get_global_id(0), m = get_global_id(1);
+    if (m >= M || n >= N)
+        return;
+    float acc = 0.0f;
+    for (int k = 0; k < K; k++)
+        acc = fma(A[m * K + k], B[k * N + n], acc);
+    C[m * N + n] = acc;
+}
