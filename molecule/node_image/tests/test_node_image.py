@@ -162,12 +162,13 @@ def test_a_failed_evidence_image_check_puts_the_chosen_node_back_on_its_kept_dis
     inventory = Path(env["MOLECULE_INVENTORY_FILE"]).parent
     try:
         run = subprocess.run(
-            ["ansible-playbook", "-i", str(inventory), str(PROJECT / "playbooks/verify-hardware.yml"), "--tags", "image",
-             "-e", "vca_evidence_node=vca-node1", "-e", f"vca_evidence_dir={tmp_path}/bundle",
+            ["ansible-playbook", "-i", str(inventory), str(PROJECT / "playbooks/verify-hardware.yml"),
+             "--tags", "image", "-e", "vca_evidence_node=vca-node1", "-e", f"vca_evidence_dir={tmp_path}/bundle",
              "-e", json.dumps({"vca_evidence_image_platforms": ["hardware", "lab"]})],
             capture_output=True, text=True, env=env, timeout=900, check=False, cwd=PROJECT)
     finally:
-        host.check_output(f"printf %s {shlex.quote(record)} > {record_path} && rm -f {STORE}/good/lab-tiny.volatile.img")
+        host.check_output(f"printf %s {shlex.quote(record)} > {record_path}"
+                          f" && rm -f {STORE}/good/lab-tiny.volatile.img")
     out = run.stdout + run.stderr
     assert run.returncode != 0, out[-3000:]
     assert f"vca-node1: rolled back to build {good} and booted it" in out, out[-3000:]
