@@ -29,7 +29,10 @@ images: bootstrap
 	lab/image/build.sh >/dev/null
 
 # Build the simulated fleet, converge site.yml on it, print the fleet report.
-lab: bootstrap preflight venv images
+# The llama-server build (minutes) starts first and runs beside the lab image and site.yml.
+lab: bootstrap preflight venv
+	scripts/prebuild.sh
+	$(MAKE) --no-print-directory images
 	ansible-playbook playbooks/lab.yml -e state=present
 	ansible-playbook site.yml
 	ansible-playbook playbooks/report.yml

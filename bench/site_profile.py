@@ -6,6 +6,7 @@ Runs the command given after `--` with Ansible's JSON callback (ansible.posix.js
 them and how many changed, and the run's wall time and recap.
 
     .venv/bin/python bench/site_profile.py -- ansible-playbook site.yml              # the lab (make lab first)
+    .venv/bin/python bench/site_profile.py --plays -- ansible-playbook site.yml      # and each play's time
     .venv/bin/python bench/site_profile.py --top 15 -- ansible-playbook -i inventory/mysite site.yml --check
 """
 
@@ -38,6 +39,26 @@ def slowest(report, top):
     return sorted(rows, reverse=True)[:top]
 
 
+def plays(report):
+    """[(seconds, play, tasks)] in run order: each play's wall time (its first task's start to its
+    last task's end) and how many tasks it ran; the long tail of small tasks shows here."""
+    rows = []
+    for play in report.get("plays", []):
+        spans = [(task["task"].get("duration") or {}) for task in play.get("tasks", [])]
+        spans = [d for d in spans if d.get("start") and d.get("end")]
+        if spans:
+            rows.append((max(_t(d["end"]) for d in spans) - min(_t(d["start"]) for d in spans),
+                         play["play"]["name"], len(spans)))
+    return rows
+
+
+def play_table(rows):
+    lines = ["| play | seconds | tasks |", "|---|---:|---:|"]
+    lines += ["| %s | %.1f | %d |" % (name.replace("|", "\\|"), seconds, n) for seconds, name, n in rows]
+    lines.append("| all plays | %.1f | %d |" % (sum(r[0] for r in rows), sum(r[2] for r in rows)))
+    return "\n".join(lines)
+
+
 def table(rows):
     lines = ["| # | seconds | task | play | hosts | changed |", "|---:|---:|---|---|---:|---:|"]
     for i, (seconds, task, play, hosts, changed) in enumerate(rows, 1):
@@ -49,6 +70,7 @@ def table(rows):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--top", type=int, default=10)
+    ap.add_argument("--plays", action="store_true", help="also each play's wall time and task count")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- then the ansible-playbook command")
     args = ap.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -59,10 +81,14 @@ def main():
     run = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     wall = time.monotonic() - t0
     try:
-        report = json.loads(run.stdout[run.stdout.index("{"):])
+        # the report, with ansible.cfg's profile_tasks lines before and after it
+        report, _ = json.JSONDecoder().raw_decode(run.stdout[run.stdout.index("{"):])
     except ValueError:
         sys.exit("no JSON report from %s (exit %d):\n%s" % (" ".join(command), run.returncode, run.stderr[-2000:]))
     print(table(slowest(report, args.top)))
+    if args.plays:
+        print()
+        print(play_table(plays(report)))
     stats = report.get("stats", {})
     print("\n%s: exit %d, %.0f s wall; changed %s" % (" ".join(command), run.returncode, wall,
                                                       {h: s.get("changed", 0) for h, s in sorted(stats.items())}))

@@ -41,7 +41,9 @@ def playbook(tmp_path, src, dest, *extra):
                           "-e", "ansible_python_interpreter={{ ansible_playbook_python }}", str(book), *extra],
                          capture_output=True, text=True, env=env, cwd=ROOT, check=False)
     assert run.returncode == 0, run.stdout + run.stderr
-    tasks = json.loads(run.stdout)["plays"][0]["tasks"]
+    # the report, then ansible.cfg's profile_tasks summary after it
+    report, _ = json.JSONDecoder().raw_decode(run.stdout[run.stdout.index("{"):])
+    tasks = report["plays"][0]["tasks"]
     return tasks[0]["hosts"]["localhost"]
 
 

@@ -44,6 +44,17 @@ for tool in cmake c++ make; do
     command -v "$tool" >/dev/null || { echo "build-llama-server: $tool is missing (install cmake, g++, make)" >&2; exit 1; }
 done
 mkdir -p "$cache"
+# One build per key at a time (make lab starts one early; the lab host's role may ask meanwhile):
+# the second waits for the first and takes its result.
+exec 9>"$cache/.$key.lock"
+if ! flock -n 9; then
+    echo "build-llama-server: $key is being built by another run; waiting for it" >&2
+    flock 9
+fi
+if [ -x "$out/llama-server" ]; then
+    echo "$out/llama-server"
+    exit 0
+fi
 work=$(mktemp -d "$cache/.build-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 if [ -d "$src" ]; then
