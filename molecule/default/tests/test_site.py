@@ -72,7 +72,9 @@ def adhoc(pattern: str, module: str, args: dict) -> dict:
            "ANSIBLE_STDOUT_CALLBACK=ansible.posix.json ANSIBLE_DEPRECATION_WARNINGS=0")
     out = LOCAL.run(f"cd {PROJECT} && {env} ansible -i {INVENTORY} {shlex.quote(pattern)} -m {module} "
                     f"-a {shlex.quote(json.dumps(args))}").stdout
-    return json.loads(out)["plays"][0]["tasks"][0]["hosts"]
+    # the report, with ansible.cfg's profile_tasks lines around it
+    report, _ = json.JSONDecoder().raw_decode(out[out.index("{"):])
+    return report["plays"][0]["tasks"][0]["hosts"]
 
 
 def test_ansible_reaches_every_live_machine_over_ssh_with_host_key_checking():
