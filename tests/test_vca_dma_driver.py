@@ -102,21 +102,22 @@ class Driver(object):
     def doorbell(self, f, device, value, **kw):
         return self.ioctl(f, abi.IOC_DOORBELL, abi.DOORBELL, device=device, value=value, **kw)[0]
 
-    def descriptors(self):
+    def _rows(self, count, read, *types):
+        """Each row of a harness record (count: its length's name), read through read(i, &cell...)."""
         out = []
-        for i in range(self.get("ndesc")):
-            s, d, n = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_uint32()
-            self.lib.h_desc(i, ctypes.byref(s), ctypes.byref(d), ctypes.byref(n))
-            out.append((s.value, d.value, n.value))
+        for i in range(self.get(count)):
+            cells = [t() for t in types]
+            read(i, *map(ctypes.byref, cells))
+            out.append(tuple(c.value for c in cells))
         return out
 
+    def descriptors(self):
+        """(source, destination, length) of each descriptor the driver wrote."""
+        return self._rows("ndesc", self.lib.h_desc, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint32)
+
     def maps(self):
-        out = []
-        for i in range(self.get("nmap")):
-            p, n, d = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_uint64()
-            self.lib.h_map(i, ctypes.byref(p), ctypes.byref(n), ctypes.byref(d))
-            out.append((p.value, n.value, d.value))
-        return out
+        """(physical address, length, DMA address) of each dma_map_resource() call."""
+        return self._rows("nmap", self.lib.h_map, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64)
 
 
 @pytest.fixture
