@@ -25,17 +25,35 @@ def _t(stamp):
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
+def merged_tasks(play):
+    """A play's tasks, one entry per task: under a strategy the json callback does not know as
+    lockstep (Mitogen's linear, which ansible.cfg uses) it records each host's run of a task
+    apart; those are joined here (first start, last end, every host)."""
+    merged = {}
+    for entry in play.get("tasks", []):
+        task = entry["task"]
+        duration = task.get("duration") or {}
+        if not duration.get("start") or not duration.get("end"):
+            continue
+        span = (_t(duration["start"]), _t(duration["end"]))
+        key = task.get("id") or id(entry)
+        if key in merged:
+            first = merged[key]
+            first["span"] = (min(first["span"][0], span[0]), max(first["span"][1], span[1]))
+            first["hosts"].update(entry.get("hosts", {}))
+        else:
+            merged[key] = {"name": task["name"] or "(unnamed)", "span": span, "hosts": dict(entry.get("hosts", {}))}
+    return list(merged.values())
+
+
 def slowest(report, top):
     """[(seconds, task, play, hosts, changed)] from ansible.posix.json's report, slowest first."""
     rows = []
     for play in report.get("plays", []):
-        for task in play.get("tasks", []):
-            duration = task["task"].get("duration") or {}
-            if not duration.get("start") or not duration.get("end"):
-                continue
-            hosts = task.get("hosts", {})
-            rows.append((_t(duration["end"]) - _t(duration["start"]), task["task"]["name"] or "(unnamed)",
-                         play["play"]["name"], len(hosts), sum(1 for h in hosts.values() if h.get("changed"))))
+        for task in merged_tasks(play):
+            hosts = task["hosts"]
+            rows.append((task["span"][1] - task["span"][0], task["name"], play["play"]["name"], len(hosts),
+                         sum(1 for h in hosts.values() if h.get("changed"))))
     return sorted(rows, reverse=True)[:top]
 
 
@@ -44,11 +62,10 @@ def plays(report):
     last task's end) and how many tasks it ran; the long tail of small tasks shows here."""
     rows = []
     for play in report.get("plays", []):
-        spans = [(task["task"].get("duration") or {}) for task in play.get("tasks", [])]
-        spans = [d for d in spans if d.get("start") and d.get("end")]
+        spans = [task["span"] for task in merged_tasks(play)]
         if spans:
-            rows.append((max(_t(d["end"]) for d in spans) - min(_t(d["start"]) for d in spans),
-                         play["play"]["name"], len(spans)))
+            rows.append((max(end for _, end in spans) - min(start for start, _ in spans), play["play"]["name"],
+                         len(spans)))
     return rows
 
 
