@@ -23,14 +23,45 @@ options:
     type: str
     required: true
   users:
-    description: The users, each C(name), C(password), C(configure), C(write), C(read) and optional C(tags).
+    description: The users; each one's password is checked against the broker's hash, never logged.
     type: list
     elements: dict
     required: true
+    suboptions:
+      name:
+        description: The user's name.
+        type: str
+        required: true
+      password:
+        description: Its password.
+        type: str
+        required: true
+      configure:
+        description: Its configure right on O(vhost) (a regular expression).
+        type: str
+        required: true
+      write:
+        description: Its write right on O(vhost).
+        type: str
+        required: true
+      read:
+        description: Its read right on O(vhost).
+        type: str
+        required: true
+      tags:
+        description: Its tags.
+        type: list
+        elements: str
+        default: []
   managed_prefix:
-    description: A broker user whose name starts with this and is not in O(users) is deleted ("" for none).
+    description: A broker user whose name starts with this and is not in O(users) or O(keep) is deleted ("" for none).
     type: str
     default: ""
+  keep:
+    description: Users never deleted (a live node whose rights could not be read in a check run).
+    type: list
+    elements: str
+    default: []
   absent:
     description: Users that must not exist (C(guest)).
     type: list
@@ -63,7 +94,7 @@ deleted:
 import json
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.vca_rabbitmq import RIGHTS, import_document, plan
+from ansible.module_utils.vca_rabbitmq import import_document, plan
 
 
 def main():
@@ -71,17 +102,21 @@ def main():
         argument_spec=dict(
             node=dict(type="str", default="rabbit@localhost"),
             vhost=dict(type="str", required=True),
-            users=dict(type="list", elements="dict", required=True, no_log=True),
+            users=dict(type="list", elements="dict", required=True, options=dict(
+                name=dict(type="str", required=True),
+                password=dict(type="str", required=True, no_log=True),
+                configure=dict(type="str", required=True),
+                write=dict(type="str", required=True),
+                read=dict(type="str", required=True),
+                tags=dict(type="list", elements="str", default=[]),
+            )),
             managed_prefix=dict(type="str", default=""),
+            keep=dict(type="list", elements="str", default=[]),
             absent=dict(type="list", elements="str", default=[]),
         ),
         supports_check_mode=True,
     )
     p = module.params
-    for user in p["users"]:
-        missing = [k for k in ("name", "password", *RIGHTS) if not isinstance(user.get(k), str)]
-        if missing:
-            module.fail_json(msg="vca_rabbitmq_users: user %r lacks %s" % (user.get("name"), ", ".join(missing)))
     rabbitmqctl = module.get_bin_path("rabbitmqctl")
     if rabbitmqctl is None and module.check_mode:   # a first check run: the broker is not installed yet
         module.exit_json(changed=True, put=[u["name"] for u in p["users"]], deleted=[], cleared=[], vhost_created=True)
@@ -92,7 +127,8 @@ def main():
     rc, out, err = module.run_command([*ctl, "export_definitions", "-", "--format", "json", "--silent"])
     if rc != 0:
         module.fail_json(msg="rabbitmqctl export_definitions failed: %s" % (err or out).strip())
-    todo = plan(json.loads(out), p["vhost"], p["users"], p["managed_prefix"], p["absent"])
+    todo = plan(json.loads(out), p["vhost"], p["users"], managed_prefix=p["managed_prefix"], absent=p["absent"],
+                keep=p["keep"])
     changed = bool(todo["vhost"] or todo["put"] or todo["clear"] or todo["delete"])
     if changed and not module.check_mode:
         if todo["vhost"] or todo["put"]:   # on stdin: the CLI runs as the rabbitmq user, who reads no file of root's

@@ -35,17 +35,17 @@ def password_matches(user, password):
     return len(raw) == 36 and password_hash(password, raw[:4]) == user["password_hash"]
 
 
-def plan(definitions, vhost, users, managed_prefix="", absent=()):
+def plan(definitions, vhost, users, *, managed_prefix="", absent=(), keep=()):
     """What to change so that the broker holds exactly `users` on `vhost`.
 
     users: [{name, password, configure, write, read, tags}]; a user of the broker whose name starts
-    with managed_prefix (and is not wanted) and every name in absent are removed. Returns
+    with managed_prefix (and is neither wanted nor in keep) and every name in absent are removed. Returns
     {vhost: bool (to create), put: [names], clear: [(vhost, name)], delete: [names]}."""
     have = {u["name"]: u for u in definitions.get("users", [])}
     rights = {}
     for perm in definitions.get("permissions", []):
         rights.setdefault(perm["user"], {})[perm["vhost"]] = {k: perm[k] for k in RIGHTS}
-    wanted = {u["name"] for u in users}
+    wanted = {u["name"] for u in users} | set(keep)
     put, clear = [], []
     for user in users:
         found = have.get(user["name"])

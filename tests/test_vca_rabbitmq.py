@@ -31,7 +31,8 @@ def test_a_hash_rabbitmq_made_is_checked_by_content():
 def test_nothing_to_do_when_the_broker_holds_exactly_the_users():
     want = [{"name": "farm-n0", "password": "p0", **RIGHTS}]
     have = broker(exported("farm-n0", "p0"), perms=[{"user": "farm-n0", "vhost": "farm", **RIGHTS}])
-    assert plan(have, "farm", want, "farm-", ["guest"]) == {"vhost": False, "put": [], "clear": [], "delete": []}
+    todo = plan(have, "farm", want, managed_prefix="farm-", absent=["guest"])
+    assert todo == {"vhost": False, "put": [], "clear": [], "delete": []}
 
 
 def test_each_difference_is_found():
@@ -46,11 +47,13 @@ def test_each_difference_is_found():
                {"user": "farm-n1", "vhost": "/", **RIGHTS},
                {"user": "farm-n0", "vhost": "farm", **RIGHTS}, {"user": "farm", "vhost": "farm", **RIGHTS}],
         vhosts=("/",))
-    todo = plan(have, "farm", want, "farm-", ["guest"])
+    todo = plan(have, "farm", want, managed_prefix="farm-", absent=["guest"])
     assert todo["vhost"] is True
     assert todo["put"] == ["farm-n0", "farm-n1", "farm-n2", "farm"]   # farm-n2: missing
     assert todo["clear"] == [("/", "farm-n1")]
     assert todo["delete"] == ["farm-old", "guest"]                    # admin: not managed, kept
+    # a live node whose rights could not be read (a check run): its user is kept, not deleted
+    assert plan(have, "farm", want, managed_prefix="farm-", keep=["farm-old"])["delete"] == []
 
 
 def test_the_import_carries_hashes_not_passwords():
