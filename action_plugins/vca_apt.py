@@ -32,8 +32,12 @@ def names_of(args):
 
 
 def installed(dpkg_output):
-    """The packages a dpkg-query -W -f '${Package} ${db:Status-Status}\\n' output lists as installed."""
-    return {line.split()[0] for line in dpkg_output.splitlines() if line.split()[1:] == ["installed"]}
+    """The packages installed for the machine's own architecture (or for all), from the output of
+    `dpkg --print-architecture; dpkg-query -W -f '${Package} ${Architecture} ${db:Status-Status}\\n'`
+    (a library installed only for another architecture is not the one apt would install)."""
+    native, *lines = dpkg_output.splitlines() or [""]
+    return {fields[0] for fields in map(str.split, lines)
+            if fields[2:] == ["installed"] and fields[1] in (native.strip(), "all")}
 
 
 class ActionModule(ActionBase):
@@ -42,7 +46,8 @@ class ActionModule(ActionBase):
         names = names_of(self._task.args)
         if names is not None:
             query = self._low_level_execute_command(
-                "dpkg-query -W -f '${Package} ${db:Status-Status}\\n' -- " + " ".join(shlex.quote(n) for n in names))
+                "dpkg --print-architecture && dpkg-query -W -f '${Package} ${Architecture} ${db:Status-Status}\\n' -- "
+                + " ".join(shlex.quote(n) for n in names))
             if query["rc"] == 0 and set(names) <= installed(query["stdout"]):
                 result.update(changed=False, msg="installed already (dpkg-query): " + ", ".join(names))
                 return result

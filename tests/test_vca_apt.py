@@ -20,7 +20,9 @@ def test_only_plain_names_asked_present_are_checked_by_dpkg():
         assert vca_apt.names_of(args) is None, args
 
 
-def test_installed_means_dpkg_status_installed():
-    out = "curl installed\nrsync config-files\nless not-installed\nsudo installed\n"
-    assert vca_apt.installed(out) == {"curl", "sudo"}
+def test_installed_means_dpkg_status_installed_for_this_machine():
+    out = ("amd64\ncurl amd64 installed\nrsync amd64 config-files\nless amd64 not-installed\n"
+           "ca-certificates all installed\nlibfoo i386 installed\n")
+    assert vca_apt.installed(out) == {"curl", "ca-certificates"}   # libfoo: only another architecture's
+    assert vca_apt.installed("amd64\n") == set()
     assert vca_apt.installed("") == set()
