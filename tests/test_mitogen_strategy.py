@@ -26,11 +26,17 @@ def shipped(module):
 
 def test_relative_imports_are_named_from_the_module_package():
     strategy = load_strategy()
-    code = compile("from .vca_sysfs import Sysfs\nfrom . import vca_dma_abi as abi\nimport os\n",
-                   "ansible.module_utils.vca_dma", "exec")
-    assert list(strategy.relative_imports(code)) == [
-        "ansible.module_utils.vca_sysfs", "ansible.module_utils.vca_sysfs.Sysfs",
-        "ansible.module_utils", "ansible.module_utils.vca_dma_abi"]
+    source = "from .vca_sysfs import Sysfs\nfrom . import vca_dma_abi as abi\nfrom .sub.deep import x\nimport os\n"
+    code = compile(source, "ansible.module_utils.vca_dma", "exec")
+    names = list(strategy.relative_imports(code))
+    # as a module's: its package's
+    assert {"ansible.module_utils." + n for n in ("vca_sysfs", "vca_sysfs.Sysfs", "vca_dma_abi", "sub", "sub.deep",
+                                                  "sub.deep.x")} <= set(names)
+    # a package on the way comes before what is in it (mitogen looks its parent up)
+    assert names.index("ansible.module_utils.sub") < names.index("ansible.module_utils.sub.deep")
+    # as a package's __init__: the package itself
+    assert "ansible.module_utils.vca_dma.vca_sysfs" in names
+    assert not any(n.startswith("os") for n in names)
 
 
 def test_a_module_gets_the_module_utils_its_module_utils_import():
@@ -39,3 +45,14 @@ def test_a_module_gets_the_module_utils_its_module_utils_import():
             "ansible.module_utils.vca_sysfs"} <= shipped("vca_power_cap")
     assert {"ansible.module_utils.vca_dma_abi", "ansible.module_utils.vca_ring_plan",
             "ansible.module_utils.vca_thermal"} <= shipped("vca_dma")
+
+
+def test_no_cpu_pinning_below_four_cpus(monkeypatch):
+    strategy = load_strategy()
+    from ansible_mitogen import affinity  # noqa: PLC0415
+
+    pinned = affinity.LinuxPolicy()
+    monkeypatch.setattr(affinity, "policy", pinned)
+    assert type(strategy.affinity_policy(2)) is affinity.Policy   # the base class: every method does nothing
+    assert type(strategy.affinity_policy(3)) is affinity.Policy
+    assert strategy.affinity_policy(4) is pinned
