@@ -24,10 +24,16 @@ def listing(path, want_dirs):
 def main(owner, models, prefix, unit_dir="/etc/systemd/system"):
     units = [os.path.basename(p) for p in listing(unit_dir, False)]
     used = set()
-    for name in units:
-        if re.fullmatch(r"llama-server-.+\.service", name):
+    try:
+        every_unit = sorted(n for n in os.listdir(unit_dir) if re.fullmatch(r"llama-server-.+\.service", n))
+    except FileNotFoundError:
+        every_unit = []
+    for name in every_unit:   # links followed, as systemd follows them
+        try:
             with open(os.path.join(unit_dir, name), encoding="utf-8", errors="replace") as fh:
                 used.update(re.findall(re.escape(prefix) + r"/[0-9a-f]*(?=/llama-server)", fh.read()))
+        except OSError:   # a dangling link runs nothing
+            continue
     json.dump({
         "units": [u for u in units if u.startswith("llama-server-%s-" % owner) and u.endswith(".service")],
         "models": listing(models, False),
