@@ -338,7 +338,12 @@ class Farm:
             j = self.job(job_id)
             released = j["nodes_released"] or j["state"] not in ("done", "failed", "cancelled")
             return j if j["state"] in states and released else None
-        return wait_for("job %s to be %s" % (job_id, "/".join(states)), reached, timeout)
+        def why():
+            j = self.job(job_id)
+            events = "\n".join("  %.1f %s" % (e["at"], e["text"]) for e in self.db.view(job_id)["events"][-15:])
+            return "state %s, nodes_released %s; its last events:\n%s\ncoordinator log (tail):\n%s" % (
+                j["state"], j["nodes_released"], events, self.log("coordinator.log")[-3000:])
+        return wait_for("job %s to be %s" % (job_id, "/".join(states)), reached, timeout, why=why)
 
     def attempts(self, job_id: str) -> list[dict]:
         return self.db.rows("SELECT * FROM attempts WHERE job_id=? ORDER BY idx, n", (job_id,))

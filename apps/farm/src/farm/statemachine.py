@@ -122,16 +122,19 @@ class StateMachine:
     def apply(self, r: dict) -> None:
         job = self.db.job(r.get("job", ""))
         a = self.db.one("SELECT * FROM attempts WHERE id=?", (r.get("attempt", ""),))
-        if job is None or a is None or job["state"] != "running":
+        # submitted too: a job that lost its lease still hears what its nodes did before they stopped
+        if job is None or a is None or job["state"] not in LIVE:
             return
         if r.get("event") == "interrupted":
-            return self._interrupted(job, a, r)
+            return self._interrupted(job, a, r) if job["state"] == "running" else None
         ev, ts, jid, idx = r["event"], r.get("ts", time.time()), job["id"], a["idx"]
         if ev == "done" and (bad := self._bad_parts(jid, idx, r)):
             r, ev = {**r, "event": "failed", "error": bad}, "failed"
         with self.db.tx() as c:
             heard = time.time()
-            if ev == "started" and a["state"] == "queued":
+            if ev == "started" and a["state"] == "queued" and job["state"] == "submitted":
+                self._started_without_lease(c, job, a, r, ts)
+            elif ev == "started" and a["state"] == "queued":
                 c.execute("UPDATE attempts SET state='started', node=?, started_at=?, last_report_at=?, heard_at=?"
                           " WHERE id=?", (r["node"], ts, ts, heard, a["id"]))
             elif ev == "progress" and a["state"] == "started":
@@ -156,6 +159,17 @@ class StateMachine:
                                   % (idx, r["node"]), c)
             elif ev in ("failed", "lost") and a["state"] in ("queued", "started"):
                 self.attempt_failed(c, job, a, r)
+
+    def _started_without_lease(self, c, job: dict, a: dict, r: dict, ts: float) -> None:
+        """A node took a chunk as the job lost its lease, before its consumer was cancelled: its render
+        is stopped and the chunk re-queued (not charged). Left queued, the chunk would wait forever: its
+        message is gone from the queue, and the render's own reports would be dropped."""
+        why = "lease lost: %s started it after the job had lost its lease" % r["node"]
+        c.execute("UPDATE attempts SET state='interrupted', node=?, started_at=?, charged=0, error=?, finished_at=?"
+                  " WHERE id=?", (r["node"], ts, why, time.time(), a["id"]))
+        self.outbox(c, job["id"], "revoke", {"ids": [a["id"]]})
+        self.db.event(job["id"], "chunk %d attempt %d: %s; stopped, re-queued" % (a["idx"], a["n"], why), c)
+        self.decide_chunk(c, job, a["idx"], LOST_PRIORITY)
 
     def _bad_parts(self, jid: str, idx: int, r: dict) -> str | None:
         """Why a done report's parts are not this chunk's files in parts_dir/<job>/ (they become ffmpeg's
