@@ -5,10 +5,12 @@
 # the node image (two builds bit-identical, a QEMU boot). When fresh runs too, the unit tests run
 # once, in there: the same tests on a freshly bootstrapped machine, which is the stricter place.
 # With arguments, only those groups run: lint, unit, fresh, molecule, image.
-# Two lanes: fresh and image run beside molecule (build/test-beside.log), since one molecule
-# scenario keeps about 1.5 of the 2 cores busy and the image's builds and boots mostly one; their
-# caches are their own (fresh: its apt archives; image: its build cache), so no lane takes another's
-# apt lock or reads a half-written download. VCA_TEST_LANES=1 runs everything in one lane.
+# Two lanes: fresh, image and the molecule scenarios in VCA_TEST_BESIDE_SCENARIOS run beside the
+# other scenarios (build/test-beside.log), since one molecule scenario keeps about 1.5 of the 2 cores
+# busy and the image's builds and boots mostly one; the scenarios moved over even out the lanes'
+# lengths. Their caches are their own (fresh and the scenarios beside: the fresh apt archives, one
+# after the other; image: its build cache), so no lane takes another's apt lock or reads a
+# half-written download. VCA_TEST_LANES=1 runs everything in one lane.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 groups=${*:-lint unit fresh molecule image}
@@ -17,15 +19,28 @@ scripts/preflight.sh ${groups/fresh/molecule} || exit 1
 
 results=()
 failed=0
+# Each step's output also goes to build/steps/<step>.log; a failed one's summary line is followed by
+# what says why (pytest's FAILED lines, Ansible's fatal ones, molecule's idempotence list): the
+# summary alone tells which test broke.
 step() {
     local name=$1; shift
-    local start=$SECONDS
+    local start=$SECONDS log out tee_pid rc
+    log=build/steps/${name//[^A-Za-z0-9_.-]/_}.log
+    mkdir -p build/steps
     echo "=== $name: $*"
-    if "$@"; then
+    exec {out}> >(tee "$log")
+    tee_pid=$!
+    "$@" >&"$out" 2>&1    # in this shell, not a pipeline's: a step may export what later ones use
+    rc=$?
+    exec {out}>&-
+    wait "$tee_pid" 2>/dev/null    # the log whole before it is read
+    if [ "$rc" -eq 0 ]; then
         results+=("PASS  $name ($((SECONDS - start)) s)")
     else
         results+=("FAIL  $name ($((SECONDS - start)) s)")
         failed=$((failed + 1))
+        while IFS= read -r line; do results+=("      why: $line"); done < <(
+            grep -E '^(FAILED |ERROR |fatal: |CRITICAL |\* \[|E +[A-Za-z.]+(Error|Exception)\b)' "$log" | cut -c1-300 | head -n 8)
     fi
 }
 
@@ -52,9 +67,13 @@ if [[ "${VCA_TEST_LANES:-2}" != 1 && "$all_groups" == *" molecule "* ]]; then
 fi
 if [ -n "$beside" ]; then
     mkdir -p build
-    echo "=== beside molecule:$beside (log: build/test-beside.log, printed at the end)"
-    VCA_TEST_LANES=1 scripts/test-all.sh $beside > build/test-beside.log 2>&1 &
+    # docker-driver scenarios (none shares a lab with a scenario here), about 450 s of the molecule lane
+    beside_scenarios=${VCA_TEST_BESIDE_SCENARIOS-probes vca_boot vca_host}
+    echo "=== beside molecule:$beside${beside_scenarios:+ and molecule: $beside_scenarios} (log: build/test-beside.log, printed at the end)"
+    VCA_TEST_LANES=1 VCA_MOLECULE_ONLY="$beside_scenarios" VCA_APT_ARCHIVES=/var/cache/vcafleet/apt-archives-fresh \
+        scripts/test-all.sh $beside ${beside_scenarios:+molecule} > build/test-beside.log 2>&1 &
     beside_pid=$!
+    export VCA_MOLECULE_SKIP="$beside_scenarios"
 fi
 
 for g in $groups; do
@@ -81,9 +100,14 @@ for g in $groups; do
         export VCA_LAB_IMAGE
         lan=0
         for scenario in $(ls molecule/*/molecule.yml | xargs -n1 dirname | xargs -n1 basename | sort); do
-            # each lab its own LAN: Docker's own pick, after many labs on one engine, can be
-            # 172.31.0.0/16, the nodes' network (playbooks/lab.yml refuses it)
+            # each lab its own LAN, by its place among all scenarios (so the two lanes differ too):
+            # Docker's own pick, after many labs on one engine, can be 172.31.0.0/16, the nodes'
+            # network (playbooks/lab.yml refuses it)
             lan=$((lan + 1))
+            if [[ -n "${VCA_MOLECULE_ONLY+set}" && " $VCA_MOLECULE_ONLY " != *" $scenario "* ]] \
+                || [[ " ${VCA_MOLECULE_SKIP:-} " == *" $scenario "* ]]; then
+                continue
+            fi
             export VCA_LAB_LAN_SUBNET=${VCA_LAB_LAN_PREFIX:-10.231}.$lan.0/24
             step "molecule:$scenario" molecule -c molecule/base.yml test -s "$scenario"
         done
@@ -96,7 +120,7 @@ for g in $groups; do
         step fresh-machine scripts/fresh-check.sh
         # the steps make unit ran in there, with their times
         while read -r line; do results+=("  $line"); done < <(
-            sed -n '/^=== make test summary/,$p' build/fresh-check.log 2>/dev/null | grep -E '^(PASS|FAIL)  ' | sed 's/^\(PASS\|FAIL\)  /&fresh:/')
+            sed -n '/^=== make test summary/,$p' build/fresh-check.log 2>/dev/null | grep -E '^(PASS|FAIL)  |^ +why: ' | sed 's/^\(PASS\|FAIL\)  /&fresh:/')
         ;;
     *) echo "unknown group $g (lint, unit, fresh, molecule, image)" >&2; exit 2 ;;
     esac
@@ -109,7 +133,7 @@ if [ -n "$beside" ]; then
     while IFS= read -r line; do    # the fresh machine's own steps stay indented, as above
         results+=("$line"); [[ $line == FAIL* ]] && failed=$((failed + 1))
     done < <(awk '/^=== make test summary/ {last = ""; next} {last = last $0 "\n"} END {printf "%s", last}' \
-                 build/test-beside.log | grep -E '^ *(PASS|FAIL)  ')   # its own summary: the last one (fresh's log has one)
+                 build/test-beside.log | grep -E '^ *(PASS|FAIL)  |^ +why: ')   # its own summary: the last one (fresh's log has one)
     grep -q '^=== make test summary' build/test-beside.log || { results+=("FAIL  beside ($beside: no summary)"); failed=$((failed + 1)); }
 fi
 
