@@ -19,6 +19,7 @@ scripts/preflight.sh ${groups/fresh/molecule} || exit 1
 
 results=()
 failed=0
+passed=0
 # Each step's output also goes to build/steps/<step>.log; a failed one's summary line is followed by
 # what says why (pytest's FAILED lines, Ansible's fatal ones, molecule's idempotence list): the
 # summary alone tells which test broke.
@@ -36,12 +37,18 @@ step() {
     wait "$tee_pid" 2>/dev/null    # the log whole before it is read
     if [ "$rc" -eq 0 ]; then
         results+=("PASS  $name ($((SECONDS - start)) s)")
+        passed=$((passed + 1))
     else
         results+=("FAIL  $name ($((SECONDS - start)) s)")
         failed=$((failed + 1))
-        while IFS= read -r line; do results+=("      why: $line"); done < <(
-            grep -E '^(FAILED |ERROR |fatal: |CRITICAL |\* \[|E +[A-Za-z.]+(Error|Exception)\b)' "$log" | cut -c1-300 | head -n 8)
+        [ "${STEP_WHY:-yes}" = no ] && return
+        while IFS= read -r line; do results+=("      why: $line"); done < <(why_failed "$log" | cut -c1-300 | head -n 8)
     fi
+}
+
+# The lines that name what failed; pytest's tracebacks (E ...Error) only where nothing names it.
+why_failed() {
+    grep -E '^(FAILED |ERROR!? |fatal: |CRITICAL |\* \[)' "$1" || grep -E '^E +[A-Za-z.]+(Error|Exception)\b' "$1"
 }
 
 # smem's tests run against a real llama-server and the lab's model (both cached by content hash).
@@ -117,9 +124,9 @@ for g in $groups; do
         step image scripts/image-test.sh
         ;;
     fresh)
-        step fresh-machine scripts/fresh-check.sh
+        STEP_WHY=no step fresh-machine scripts/fresh-check.sh    # its failed steps say why, below
         # the steps make unit ran in there, with their times
-        while read -r line; do results+=("  $line"); done < <(
+        while IFS= read -r line; do results+=("  $line"); done < <(
             sed -n '/^=== make test summary/,$p' build/fresh-check.log 2>/dev/null | grep -E '^(PASS|FAIL)  |^ +why: ' | sed 's/^\(PASS\|FAIL\)  /&fresh:/')
         ;;
     *) echo "unknown group $g (lint, unit, fresh, molecule, image)" >&2; exit 2 ;;
@@ -128,18 +135,26 @@ done
 
 if [ -n "$beside" ]; then
     wait "$beside_pid"
+    beside_rc=$?
     echo "=== beside molecule:$beside: its log"
     cat build/test-beside.log
+    beside_failed=0
     while IFS= read -r line; do    # the fresh machine's own steps stay indented, as above
-        results+=("$line"); [[ $line == FAIL* ]] && failed=$((failed + 1))
+        results+=("$line")
+        [[ $line == FAIL* ]] && failed=$((failed + 1)) && beside_failed=1
+        [[ $line == PASS* ]] && passed=$((passed + 1))
     done < <(awk '/^=== make test summary/ {last = ""; next} {last = last $0 "\n"} END {printf "%s", last}' \
                  build/test-beside.log | grep -E '^ *(PASS|FAIL)  |^ +why: ')   # its own summary: the last one (fresh's log has one)
-    grep -q '^=== make test summary' build/test-beside.log || { results+=("FAIL  beside ($beside: no summary)"); failed=$((failed + 1)); }
+    # a lane that stopped before its own summary (fresh's is in its log too) fails here
+    if [ "$beside_rc" -ne 0 ] && [ "$beside_failed" = 0 ]; then
+        results+=("FAIL  beside ($beside: exit $beside_rc before its summary; see build/test-beside.log)")
+        failed=$((failed + 1))
+    fi
 fi
 
 echo
 echo "=== make test summary"
 printf '%s\n' "${results[@]}"
-echo "summary: $((${#results[@]} - failed)) passed, $failed failed"
+echo "summary: $passed passed, $failed failed"
 echo "wall time: $SECONDS s (the lanes overlap: the steps' times add up to more)"
 [ "$failed" -eq 0 ]

@@ -40,6 +40,10 @@ def test_a_chunk_a_node_took_as_the_lease_was_lost_is_stopped_and_queued_again(t
     assert a1 in revoked and a0 in revoked
     again = db.rows("SELECT * FROM attempts WHERE job_id=? AND idx=1 AND state='queued'", (jid,))
     assert len(again) == 1 and again[0]["id"] != a1 and again[0]["published"] == 0
+    # the stopped render says it failed (SIGTERM): not the node's fault, and no third attempt
+    sm.apply(report(jid, a1, "failed", "n1", error="Terminated"))
+    assert db.rows("SELECT * FROM node_failures WHERE job_id=?", (jid,)) == []
+    assert len(db.rows("SELECT * FROM attempts WHERE job_id=? AND idx=1", (jid,))) == 2
 
 
 def test_a_render_that_ends_after_the_lease_was_lost_still_counts(tmp_path):
@@ -50,5 +54,8 @@ def test_a_render_that_ends_after_the_lease_was_lost_still_counts(tmp_path):
     sm.apply(report(jid, a1, "done", "n1", video="%s/part-00001.ts" % jid, audio="%s/part-00001.wav" % jid))
     chunk = db.one("SELECT * FROM chunks WHERE job_id=? AND idx=1", (jid,))
     assert chunk["state"] == "done" and chunk["node"] == "n1"
+    # and the re-run queued for it is dropped, not rendered again once the job has nodes
+    spare = db.rows("SELECT * FROM attempts WHERE job_id=? AND idx=1 AND id!=?", (jid, a1))
+    assert [s["state"] for s in spare] == ["revoked"], spare
     assert db.job(jid)["state"] == "submitted"
     assert db.rows("SELECT * FROM node_failures WHERE job_id=?", (jid,)) == []

@@ -164,18 +164,26 @@ class Coordinator:
             chunks = self.db.rows("SELECT idx, video, audio FROM chunks WHERE job_id=? ORDER BY idx", (jid,))
             return self.joiner.want(job, chunks)
         if state == "submitted":
+            if self._join_if_rendered(job):   # its last chunks ended after the lease was lost: none needed
+                return
             if self._due("begin", jid, self.s.lease_retry_s):
                 self.begin(job)
             return
         self._tick_running(job, now)
 
+    def _join_if_rendered(self, job: dict) -> bool:
+        """Every chunk done: the job joins, its nodes given back first."""
+        jid = job["id"]
+        if self.db.one("SELECT count(*) AS n FROM chunks WHERE job_id=? AND state!='done'", (jid,))["n"]:
+            return False
+        self.sm.joining(jid)
+        self.fault("joining:recorded")
+        self.release_nodes(self.db.job(jid))
+        return True
+
     def _tick_running(self, job: dict, now: float) -> None:
         jid = job["id"]
-        left = self.db.one("SELECT count(*) AS n FROM chunks WHERE job_id=? AND state!='done'", (jid,))["n"]
-        if left == 0:
-            self.sm.joining(jid)
-            self.fault("joining:recorded")
-            self.release_nodes(self.db.job(jid))
+        if self._join_if_rendered(job):
             return
         self.publish_pending(job)           # what a failed publish left (the broker was away, say)
         for a, why in self.sm.stuck(job, now, now - self.up_since):

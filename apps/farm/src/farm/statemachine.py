@@ -126,7 +126,7 @@ class StateMachine:
         if job is None or a is None or job["state"] not in LIVE:
             return
         if r.get("event") == "interrupted":
-            return self._interrupted(job, a, r) if job["state"] == "running" else None
+            return self._interrupted(job, a, r)
         ev, ts, jid, idx = r["event"], r.get("ts", time.time()), job["id"], a["idx"]
         if ev == "done" and (bad := self._bad_parts(jid, idx, r)):
             r, ev = {**r, "event": "failed", "error": bad}, "failed"
@@ -154,11 +154,26 @@ class StateMachine:
                               " timings=? WHERE job_id=? AND idx=? AND state!='done'",
                               (r["node"], r["video"], r["audio"], r.get("seconds"), ts,
                                json.dumps(r["timings"]) if r.get("timings") else None, jid, idx)).rowcount
-                if not n:
+                if n:
+                    self._drop_spares(c, jid, idx)
+                else:
                     self.db.event(jid, "chunk %d rendered again by %s: ignored, the first one counts"
                                   % (idx, r["node"]), c)
             elif ev in ("failed", "lost") and a["state"] in ("queued", "started"):
                 self.attempt_failed(c, job, a, r)
+
+    def _drop_spares(self, c, jid: str, idx: int) -> None:
+        """The chunk is done: a re-run still queued for it (its render was given up, or stopped when the
+        lease was lost, and ended after all) is not needed; a published one is revoked."""
+        spare = [dict(r) for r in c.execute("SELECT id, published FROM attempts WHERE job_id=? AND idx=? AND"
+                                            " state='queued'", (jid, idx))]
+        if not spare:
+            return
+        c.execute("UPDATE attempts SET state='revoked', error=? WHERE job_id=? AND idx=? AND state='queued'",
+                  ("not needed: an earlier attempt rendered the chunk", jid, idx))
+        published = [s["id"] for s in spare if s["published"]]
+        if published:
+            self.outbox(c, jid, "revoke", {"ids": published})
 
     def _started_without_lease(self, c, job: dict, a: dict, r: dict, ts: float) -> None:
         """A node took a chunk as the job lost its lease, before its consumer was cancelled: its render
