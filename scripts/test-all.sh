@@ -46,9 +46,11 @@ step() {
     fi
 }
 
-# The lines that name what failed; pytest's tracebacks (E ...Error) only where nothing names it.
+# The lines that name what failed (pytest's FAILED lines and failure headers, Ansible's fatal and
+# ERROR! ones, molecule's idempotence list), and pytest's exception lines, which say why.
 why_failed() {
-    grep -E '^(FAILED |ERROR!? |fatal: |CRITICAL |\* \[)' "$1" || grep -E '^E +[A-Za-z.]+(Error|Exception)\b' "$1"
+    sed 's/\x1b\[[0-9;]*m//g' "$1" \
+        | grep -E '^(FAILED |ERROR!? |fatal: |CRITICAL |\* \[)|^_{3,} test[^ ]* _{3,}$|^E +[A-Za-z.]+(Error|Exception)\b'
 }
 
 # smem's tests run against a real llama-server and the lab's model (both cached by content hash).
