@@ -102,17 +102,24 @@ class StateMachine:
         jid = job["id"]
         with self.db.tx() as c:
             started = [dict(r) for r in c.execute("SELECT * FROM attempts WHERE job_id=? AND state='started'", (jid,))]
-            c.execute("UPDATE attempts SET state='interrupted', charged=0, error=?, finished_at=? WHERE job_id=?"
-                      " AND state='started'", ("lease lost: " + why, time.time(), jid))
             c.execute("UPDATE leases SET released_at=? WHERE id=?", (time.time(), lease_id))
             c.execute("UPDATE jobs SET state='submitted' WHERE id=?", (jid,))
             self.outbox(c, jid, "cancel_consumers", {"nodes": [n for n in job["nodes"] if n not in self.s.never_lend]})
-            if started:
-                self.outbox(c, jid, "revoke", {"ids": [a["id"] for a in started]})
             self.db.event(jid, "lease %s lost: %s; its nodes stop, %d chunks re-queued, waiting for a lease again"
                           % (lease_id, why, len(started)), c)
-            for a in started:
-                self.decide_chunk(c, job, a["idx"], LOST_PRIORITY)
+            self._stop_and_requeue(c, job, started, "lease lost: " + why)
+
+    def _stop_and_requeue(self, c, job: dict, attempts: list[dict], why: str) -> None:
+        """Attempts on nodes the job may no longer use: each interrupted (not charged), its render
+        stopped (the revoke in the outbox), its chunk re-queued."""
+        if not attempts:
+            return
+        now = time.time()
+        c.executemany("UPDATE attempts SET state='interrupted', charged=0, error=?, finished_at=? WHERE id=?",
+                      [(why, now, a["id"]) for a in attempts])
+        self.outbox(c, job["id"], "revoke", {"ids": [a["id"] for a in attempts]})
+        for a in attempts:
+            self.decide_chunk(c, job, a["idx"], LOST_PRIORITY)
 
     def outbox(self, c, jid: str, action: str, args: dict) -> None:
         c.execute("INSERT INTO outbox(job_id, action, args, created_at) VALUES (?,?,?,?)",
@@ -132,11 +139,11 @@ class StateMachine:
             r, ev = {**r, "event": "failed", "error": bad}, "failed"
         with self.db.tx() as c:
             heard = time.time()
-            if ev == "started" and a["state"] == "queued" and job["state"] == "submitted":
-                self._started_without_lease(c, job, a, r, ts)
-            elif ev == "started" and a["state"] == "queued":
+            if ev == "started" and a["state"] == "queued":
                 c.execute("UPDATE attempts SET state='started', node=?, started_at=?, last_report_at=?, heard_at=?"
                           " WHERE id=?", (r["node"], ts, ts, heard, a["id"]))
+                if job["state"] == "submitted":
+                    self._started_without_lease(c, job, a, r["node"])
             elif ev == "progress" and a["state"] == "started":
                 phase, size = r.get("phase"), r.get("written")
                 grew = phase == "render" and (a["phase"] != "render" or (size or 0) > (a["written"] or 0))
@@ -165,26 +172,20 @@ class StateMachine:
     def _drop_spares(self, c, jid: str, idx: int) -> None:
         """The chunk is done: a re-run still queued for it (its render was given up, or stopped when the
         lease was lost, and ended after all) is not needed; a published one is revoked."""
-        spare = [dict(r) for r in c.execute("SELECT id, published FROM attempts WHERE job_id=? AND idx=? AND"
-                                            " state='queued'", (jid, idx))]
-        if not spare:
-            return
-        c.execute("UPDATE attempts SET state='revoked', error=? WHERE job_id=? AND idx=? AND state='queued'",
-                  ("not needed: an earlier attempt rendered the chunk", jid, idx))
-        published = [s["id"] for s in spare if s["published"]]
+        published = [row[0] for row in c.execute(
+            "UPDATE attempts SET state='revoked', error=? WHERE job_id=? AND idx=? AND state='queued'"
+            " RETURNING id, published", ("not needed: an earlier attempt rendered the chunk", jid, idx)).fetchall()
+            if row[1]]
         if published:
             self.outbox(c, jid, "revoke", {"ids": published})
 
-    def _started_without_lease(self, c, job: dict, a: dict, r: dict, ts: float) -> None:
+    def _started_without_lease(self, c, job: dict, a: dict, node: str) -> None:
         """A node took a chunk as the job lost its lease, before its consumer was cancelled: its render
         is stopped and the chunk re-queued (not charged). Left queued, the chunk would wait forever: its
         message is gone from the queue, and the render's own reports would be dropped."""
-        why = "lease lost: %s started it after the job had lost its lease" % r["node"]
-        c.execute("UPDATE attempts SET state='interrupted', node=?, started_at=?, charged=0, error=?, finished_at=?"
-                  " WHERE id=?", (r["node"], ts, why, time.time(), a["id"]))
-        self.outbox(c, job["id"], "revoke", {"ids": [a["id"]]})
+        why = "lease lost: %s started it after the job had lost its lease" % node
         self.db.event(job["id"], "chunk %d attempt %d: %s; stopped, re-queued" % (a["idx"], a["n"], why), c)
-        self.decide_chunk(c, job, a["idx"], LOST_PRIORITY)
+        self._stop_and_requeue(c, job, [a], why)
 
     def _bad_parts(self, jid: str, idx: int, r: dict) -> str | None:
         """Why a done report's parts are not this chunk's files in parts_dir/<job>/ (they become ffmpeg's
