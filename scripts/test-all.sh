@@ -53,6 +53,12 @@ why_failed() {
         | grep -E '^(FAILED |ERROR!? |fatal: |CRITICAL |\* \[)|^_{3,} test[^ ]* _{3,}$|^E +[A-Za-z.]+(Error|Exception)\b'
 }
 
+# The steps of the last summary in a log (a lane's, or the fresh machine's), with their why lines.
+summary_in() {
+    awk '/^=== make test summary/ {last = ""; next} {last = last $0 "\n"} END {printf "%s", last}' "$1" 2>/dev/null \
+        | grep -E '^ *(PASS|FAIL)  |^ +why: '
+}
+
 # smem's tests run against a real llama-server and the lab's model (both cached by content hash).
 llama_server_env() {
     SMEM_LLAMA_SERVER=$(scripts/llama-server.sh) && SMEM_TEST_GGUF=$(scripts/lab-models.sh) \
@@ -129,7 +135,7 @@ for g in $groups; do
         STEP_WHY=no step fresh-machine scripts/fresh-check.sh    # its failed steps say why, below
         # the steps make unit ran in there, with their times
         while IFS= read -r line; do results+=("  $line"); done < <(
-            sed -n '/^=== make test summary/,$p' build/fresh-check.log 2>/dev/null | grep -E '^(PASS|FAIL)  |^ +why: ' | sed 's/^\(PASS\|FAIL\)  /&fresh:/')
+            summary_in build/fresh-check.log | sed 's/^\(PASS\|FAIL\)  /&fresh:/')
         ;;
     *) echo "unknown group $g (lint, unit, fresh, molecule, image)" >&2; exit 2 ;;
     esac
@@ -145,8 +151,7 @@ if [ -n "$beside" ]; then
         results+=("$line")
         [[ $line == FAIL* ]] && failed=$((failed + 1)) && beside_failed=1
         [[ $line == PASS* ]] && passed=$((passed + 1))
-    done < <(awk '/^=== make test summary/ {last = ""; next} {last = last $0 "\n"} END {printf "%s", last}' \
-                 build/test-beside.log | grep -E '^ *(PASS|FAIL)  |^ +why: ')   # its own summary: the last one (fresh's log has one)
+    done < <(summary_in build/test-beside.log)   # its own summary: the last one (fresh's log has one)
     # a lane that stopped before its own summary (fresh's is in its log too) fails here
     if [ "$beside_rc" -ne 0 ] && [ "$beside_failed" = 0 ]; then
         results+=("FAIL  beside ($beside: exit $beside_rc before its summary; see build/test-beside.log)")
