@@ -101,3 +101,38 @@ def test_collector_survives_kill_9_mid_write(tmp_path):
     wait_for_new_rows(db, before, proc)
     proc.terminate()
     proc.wait()
+
+
+def test_sigusr1_starts_a_round_now_and_fleet_waits_for_it(tmp_path):
+    """The fleet report's way to a fresh page: SIGUSR1, then `vcamon fleet --newer-than` that moment."""
+    server = metrics_server()
+    url = "http://127.0.0.1:%d/metrics" % server.server_address[1]
+    targets = tmp_path / "targets.json"
+    targets.write_text(json.dumps([{"node": "vca-node0", "url": url}]))
+    config = tmp_path / "fleet.json"
+    config.write_text(json.dumps({"services": [{"job": "smem", "node": "vca-host", "url": url}]}))
+    db = tmp_path / "vcamon.db"
+    env = dict(os.environ, PYTHONPATH=str(APP_SRC))
+    fleet_cmd = [sys.executable, "-m", "vcamon", "fleet", "--db", str(db), "--json"]
+    proc = subprocess.Popen([sys.executable, "-m", "vcamon", "collector", "--db", str(db), "--targets",
+                             str(targets), "--fleet", str(config), "--interval", "3600", "--listen", ""], env=env)
+    try:
+        wait_for_new_rows(db, 0, proc)          # the first round, at the start; the next would be in an hour
+        first = json.loads(subprocess.check_output(fleet_cmd, env=env))["scraped_at"]
+        asked = first + 1
+        while time.time() < asked:              # a round that began at `asked` is one the signal started
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGUSR1)
+        out = subprocess.run([*fleet_cmd, "--newer-than", str(asked), "--wait", "60"], env=env,
+                             capture_output=True, text=True, check=True)
+        assert out.stderr == ""
+        assert json.loads(out.stdout)["scraped_at"] >= asked
+        # Nothing asks for another: the wait ends at its bound and says the page is older.
+        out = subprocess.run([*fleet_cmd, "--newer-than", str(int(time.time()) + 5), "--wait", "0.5"], env=env,
+                             capture_output=True, text=True, check=True)
+        assert "no collector round since" in out.stderr
+        assert json.loads(out.stdout)["scraped_at"] >= asked
+    finally:
+        proc.kill()
+        proc.wait()
+        server.shutdown()

@@ -99,6 +99,9 @@ def parser():
     f = sub.add_parser("fleet", help="the fleet page as text: what runs, the numbers that matter, what is open")
     f.add_argument("--db", default=DEFAULT_DB)
     f.add_argument("--json", action="store_true", help="the page's data as JSON")
+    f.add_argument("--newer-than", type=int, metavar="EPOCH",
+                   help="wait for a collector round that began at or after EPOCH (seconds) before reading")
+    f.add_argument("--wait", type=float, default=30.0, help="how long --newer-than waits (default 30 s)")
 
     e = sub.add_parser("events", help="throttle, down/up, cap and vcactl state events")
     e.add_argument("--db", default=DEFAULT_DB)
@@ -138,7 +141,11 @@ def main(argv=None):
     elif args.command == "status":
         print(status_table(open_store(args.db).status(now), now))
     elif args.command == "fleet":
-        page = fleet.view(open_store(args.db), now)
+        store = open_store(args.db)
+        if args.newer_than is not None and not fleet.wait_for_round(store, args.newer_than, args.wait):
+            print("vcamon fleet: no collector round since %s within %.0f s; the page below is older"
+                  % (time.strftime("%H:%M:%S", time.gmtime(args.newer_than)), args.wait), file=sys.stderr)
+        page = fleet.view(store, int(time.time()))
         print(json.dumps(page, indent=1) if args.json else fleet.text(page))
     elif args.command == "events":
         for ev in open_store(args.db).events(now - args.since, args.node):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import threading
 import time
 import urllib.error
@@ -119,6 +120,7 @@ class Collector:
                 LOG.error("%s: %s", node, error)
         self.pool = ThreadPoolExecutor(max_workers=max(1, min(16, len(targets))))
         self.stop = threading.Event()
+        self.wake = threading.Event()   # a round now, not at the next tick (SIGUSR1 sets it)
         self._last_upkeep = 0.0
 
     def round(self, now=None):
@@ -152,7 +154,9 @@ class Collector:
             if delay < 0:           # fell behind (a slow disk): skip, do not burst
                 next_at = time.time()
                 delay = 0
-            self.stop.wait(delay)
+            if self.wake.wait(delay):
+                self.wake.clear()
+                next_at = time.time()
 
 
 def run(db_path, targets_path, interval, *, listen=None, raw_days=14, rollup_days=365, web_token=None,
@@ -161,6 +165,8 @@ def run(db_path, targets_path, interval, *, listen=None, raw_days=14, rollup_day
     fleet_config = fleet.load_config(fleet_path) if fleet_path else None
     store = Store(db_path, raw_days, rollup_days)
     collector = Collector(store, targets, interval, fleet_config=fleet_config)
+    # `systemctl kill -s USR1 vcamon-collector`: a round now (the fleet report asks for one)
+    signal.signal(signal.SIGUSR1, lambda *_: collector.wake.set())
     if listen:
         start_web(listen, db_path, token=web_token)
     collector.run()

@@ -218,6 +218,17 @@ def open_items(nodes, services, units=None):
     return items
 
 
+def wait_for_round(store, since, timeout, poll=0.25):
+    """True once the collector has stored a fleet round that began at or after `since`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if json.loads(store.meta("fleet") or "{}").get("at", 0) >= since:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll)
+
+
 def view(store, now=None):
     """The three sections, as /api/fleet serves them and `vcamon fleet` prints them."""
     now = int(now or time.time())
