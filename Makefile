@@ -29,11 +29,11 @@ images: bootstrap
 	lab/image/build.sh >/dev/null
 
 # Build the simulated fleet, converge site.yml on it, print the fleet report.
-# The lab image builds beside the venv; then the llama-server build (minutes, at nice 19: it
-# downloads its source with the venv's pip) starts and runs beside lab.yml and site.yml.
+# The llama-server build (minutes) starts first and runs beside the rest; the lab image builds
+# beside the venv.
 lab: bootstrap preflight
-	$(MAKE) --no-print-directory -j2 venv images
 	scripts/prebuild.sh
+	$(MAKE) --no-print-directory -j2 venv images
 	ansible-playbook playbooks/lab.yml -e state=present
 	ansible-playbook site.yml
 	ansible-playbook playbooks/report.yml

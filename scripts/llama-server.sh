@@ -11,11 +11,18 @@ value() { sed -n "s/^$1: *\([^ #]*\).*/\1/p" "$defaults"; }
 version=$(value llama_server_source_version)
 sha256=$(value llama_server_source_sha256)
 sdist=$cache/src/llama_cpp_python-$version.tar.gz
-pip=$here/.venv/bin/pip
-[ -x "$pip" ] || pip="python3 -m pip"
 
 if [ ! -f "$sdist" ]; then
     mkdir -p "$cache/src"
+    # make lab starts this before the venv exists (or while pip upgrades itself in it)
+    if python3 -m pip --version >/dev/null 2>&1; then
+        pip="python3 -m pip"
+    elif [ -f "$here/.venv/.installed" ]; then
+        pip=$here/.venv/bin/pip
+    else
+        python3 -m venv "$here/build/pip-venv" >&2
+        pip=$here/build/pip-venv/bin/pip
+    fi
     echo "llama-server: downloading llama-cpp-python $version (its sdist carries llama.cpp)" >&2
     $pip download -q --no-deps --no-binary :all: "llama-cpp-python==$version" -d "$cache/src" >&2
 fi
