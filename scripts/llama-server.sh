@@ -14,13 +14,15 @@ sdist=$cache/src/llama_cpp_python-$version.tar.gz
 
 if [ ! -f "$sdist" ]; then
     mkdir -p "$cache/src"
-    # make lab starts this before the venv exists (or while pip upgrades itself in it)
-    if python3 -m pip --version >/dev/null 2>&1; then
-        pip="python3 -m pip"
-    elif [ -f "$here/.venv/.installed" ]; then
+    # make lab starts this while the venv is made (make puts it first on PATH): the venv's pip only
+    # once it is whole, else the system's, else one in a throwaway venv
+    py=$(PATH=$(tr ':' '\n' <<<"$PATH" | grep -vxF "$here/.venv/bin" | paste -sd:) command -v python3)
+    if [ -f "$here/.venv/.installed" ]; then
         pip=$here/.venv/bin/pip
+    elif "$py" -m pip --version >/dev/null 2>&1; then
+        pip="$py -m pip"
     else
-        python3 -m venv "$here/build/pip-venv" >&2
+        "$py" -m venv "$here/build/pip-venv" >&2
         pip=$here/build/pip-venv/bin/pip
     fi
     echo "llama-server: downloading llama-cpp-python $version (its sdist carries llama.cpp)" >&2
