@@ -117,13 +117,15 @@ def test_sigusr1_starts_a_round_now_and_fleet_waits_for_it(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "vcamon", "collector", "--db", str(db), "--targets",
                              str(targets), "--fleet", str(config), "--interval", "3600", "--listen", ""], env=env)
     try:
-        wait_for_new_rows(db, 0, proc)          # the first round, at the start; the next would be in an hour
-        first = json.loads(subprocess.check_output(fleet_cmd, env=env))["scraped_at"]
+        wait_for_new_rows(db, 0, proc)
+        # the first round, at the start (the next would be in an hour); its fleet part comes last
+        first = json.loads(subprocess.check_output([*fleet_cmd, "--newer-than", "0", "--wait", "120"],
+                                                   env=env))["scraped_at"]
         asked = first + 1
         while time.time() < asked:              # a round that began at `asked` is one the signal started
             time.sleep(0.05)
         proc.send_signal(signal.SIGUSR1)
-        out = subprocess.run([*fleet_cmd, "--newer-than", str(asked), "--wait", "60"], env=env,
+        out = subprocess.run([*fleet_cmd, "--newer-than", str(asked), "--wait", "120"], env=env,
                              capture_output=True, text=True, check=True)
         assert out.stderr == ""
         assert json.loads(out.stdout)["scraped_at"] >= asked

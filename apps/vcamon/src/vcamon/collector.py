@@ -120,7 +120,6 @@ class Collector:
                 LOG.error("%s: %s", node, error)
         self.pool = ThreadPoolExecutor(max_workers=max(1, min(16, len(targets))))
         self.stop = threading.Event()
-        self.wake = threading.Event()   # a round now, not at the next tick (SIGUSR1 sets it)
         self._last_upkeep = 0.0
 
     def round(self, now=None):
@@ -139,7 +138,10 @@ class Collector:
             self._last_upkeep = now
         return results
 
-    def run(self):
+    def run(self, wait=None):
+        """Rounds every interval until stop is set. wait(delay) sleeps until the next one and is true
+        when a round is asked for sooner (the service's: SIGUSR1); by default stop ends the sleep."""
+        wait = wait or self.stop.wait
         LOG.info("collecting %d targets every %.1f s into %s", len(self.targets), self.interval, self.store.path)
         next_at = time.time()
         while not self.stop.is_set():
@@ -154,19 +156,25 @@ class Collector:
             if delay < 0:           # fell behind (a slow disk): skip, do not burst
                 next_at = time.time()
                 delay = 0
-            if self.wake.wait(delay):
-                self.wake.clear()
+            if wait(delay):
                 next_at = time.time()
+
+
+def round_asked(delay):
+    """Sleep up to delay s; true when SIGUSR1 came (blocked, so it waits pending for this call)."""
+    return signal.sigtimedwait({signal.SIGUSR1}, delay) is not None
 
 
 def run(db_path, targets_path, interval, *, listen=None, raw_days=14, rollup_days=365, web_token=None,
         fleet_path=None):
+    # `systemctl kill -s USR1 vcamon-collector` asks for a round now (the fleet report does). Blocked
+    # first, before any thread starts (threads inherit the mask), and taken with sigtimedwait: no
+    # handler runs between two bytecodes, and one sent during the start waits instead of killing.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
     targets = load_targets(targets_path)
     fleet_config = fleet.load_config(fleet_path) if fleet_path else None
     store = Store(db_path, raw_days, rollup_days)
     collector = Collector(store, targets, interval, fleet_config=fleet_config)
-    # `systemctl kill -s USR1 vcamon-collector`: a round now (the fleet report asks for one)
-    signal.signal(signal.SIGUSR1, lambda *_: collector.wake.set())
     if listen:
         start_web(listen, db_path, token=web_token)
-    collector.run()
+    collector.run(wait=round_asked)
