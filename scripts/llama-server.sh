@@ -4,7 +4,7 @@
 # the lab host shares, so it is built once per source, whichever asks first.
 # stdout: the binary's path, nothing else.
 set -euo pipefail
-here=$(cd "$(dirname "$0")/.." && pwd)
+here=$(cd "$(dirname "$0")/.." && pwd -P)   # physical, as make's CURDIR on PATH is
 defaults=$here/roles/llama_server/defaults/main.yml
 cache=${LLAMA_SERVER_CACHE:-/var/cache/vcafleet/llama-server}
 value() { sed -n "s/^$1: *\([^ #]*\).*/\1/p" "$defaults"; }
@@ -14,12 +14,10 @@ sdist=$cache/src/llama_cpp_python-$version.tar.gz
 
 if [ ! -f "$sdist" ]; then
     mkdir -p "$cache/src"
-    # make lab starts this while the venv is made (make puts it first on PATH): the venv's pip only
-    # once it is whole, else the system's, else one in a throwaway venv
+    # make lab starts this while the venv is made or remade (make puts it first on PATH, and pip
+    # upgrades itself in it): never the venv's pip, but the system's, else a throwaway venv's
     py=$(PATH=$(tr ':' '\n' <<<"$PATH" | grep -vxF "$here/.venv/bin" | paste -sd:) command -v python3)
-    if [ -f "$here/.venv/.installed" ]; then
-        pip=$here/.venv/bin/pip
-    elif "$py" -m pip --version >/dev/null 2>&1; then
+    if "$py" -m pip --version >/dev/null 2>&1; then
         pip="$py -m pip"
     else
         "$py" -m venv "$here/build/pip-venv" >&2
