@@ -218,11 +218,16 @@ def open_items(nodes, services, units=None):
     return items
 
 
+def _meta_json(store, key):
+    """What the collector keeps as JSON in the store's meta table ('fleet', 'units'), or {}."""
+    return json.loads(store.meta(key) or "{}")
+
+
 def wait_for_round(store, since, timeout, poll=0.25):
     """True once the collector has stored a fleet round that began at or after `since`."""
     deadline = time.monotonic() + timeout
     while True:
-        if json.loads(store.meta("fleet") or "{}").get("at", 0) >= since:
+        if _meta_json(store, "fleet").get("at", 0) >= since:
             return True
         if time.monotonic() >= deadline:
             return False
@@ -233,10 +238,10 @@ def view(store, now=None):
     """The three sections, as /api/fleet serves them and `vcamon fleet` prints them."""
     now = int(now or time.time())
     nodes = store.status(now)
-    scraped = json.loads(store.meta("fleet") or "{}")
+    scraped = _meta_json(store, "fleet")
     services = scraped.get("services", [])
     runs = [{"service": "vcamon agent", "node": n["node"], "up": bool(n["up"]), "error": n["error"]} for n in nodes]
-    units = json.loads(store.meta("units") or "{}")
+    units = _meta_json(store, "units")
     runs += [{"service": unit.removesuffix(".service"), "node": node, "up": state == "active",
               "error": None if state == "active" else state}
              for node in sorted(units) for unit, state in sorted(units[node].items())]
