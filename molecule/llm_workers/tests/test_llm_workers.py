@@ -36,8 +36,11 @@ HOST = machine("host")
 CLIENT = """
 import json, sys, urllib.error, urllib.request
 from concurrent.futures import ThreadPoolExecutor
-url, token, n, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-body = json.dumps({"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4}).encode()
+url, token, n, threads, pad = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+request = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4}
+if pad:
+    request["padding"] = "x" * pad      # a field llama-server does not read: only the size counts
+body = json.dumps(request).encode()
 def one(_):
     headers = {"Content-Type": "application/json"}
     if token:
@@ -53,9 +56,9 @@ with ThreadPoolExecutor(threads) as pool:
 """
 
 
-def chat(n: int, threads: int = 3, token: str = TOKEN):
-    return json.loads(HOST.check_output("python3 -c %s %s %s %d %d" % (
-        shlex.quote(CLIENT), URL, shlex.quote(token), n, threads)))
+def chat(n: int, threads: int = 3, token: str = TOKEN, pad: int = 0):
+    return json.loads(HOST.check_output("python3 -c %s %s %s %d %d %d" % (
+        shlex.quote(CLIENT), URL, shlex.quote(token), n, threads, pad)))
 
 
 def status():
@@ -177,8 +180,9 @@ def test_a_stopped_worker_is_taken_out_and_no_request_fails():
     node1 = machine("node1")
     node1.check_output(f"systemctl stop {UNIT}")
     try:
-        # From the moment it stops: a refused connection is retried on another worker.
-        answers = chat(9)
+        # From the moment it stops: a refused connection is retried on another worker. Each request
+        # is larger than HAProxy's default buffer (16 KiB), which would leave it unretried.
+        answers = chat(9, pad=24 * 1024)
         assert all(code == 200 for code, _, _ in answers), answers
         wait_for(lambda s: s["vca-node1"].startswith("DOWN"), "node 1's worker stopped", timeout=60)
         answers = chat(6)
@@ -186,7 +190,7 @@ def test_a_stopped_worker_is_taken_out_and_no_request_fails():
         assert "vca-node1" not in {worker for _, worker, _ in answers}, answers
     finally:
         node1.check_output(f"systemctl start {UNIT}")
-    wait_for(lambda s: s["vca-node1"] == "UP", "node 1's worker started again")
+        wait_for(lambda s: s["vca-node1"] == "UP", "node 1's worker started again")
 
 
 FETCH = """
@@ -240,7 +244,7 @@ def test_a_drained_worker_gets_nothing_and_comes_back():
         assert {worker for _, worker, _ in answers} == WORKERS - {"vca-node0"}, answers
     finally:
         drain("vca-node0", "enabled")
-    wait_for(lambda s: s["vca-node0"] == "UP", "node 0 returned")
+        wait_for(lambda s: s["vca-node0"] == "UP", "node 0 returned")
     assert "vca-node0" in {worker for _, worker, _ in chat(9)}
     assert drained_states()["vca-node0"] == 0
 
