@@ -69,3 +69,24 @@ def test_a_retry_avoids_the_node_that_failed_it(make_farm):
     job = farm.wait_state(lonely, ("done", "failed"), timeout=120)
     assert job["state"] == "failed" and "failed 3 attempts" in job["reason"]
     assert [(a["node"], a["avoid"]) for a in farm.attempts(lonely)] == [(broken, None)] * 3
+
+
+def test_a_retry_that_cannot_be_put_back_is_rendered_where_it_landed(make_farm):
+    """The node a retry avoids takes it (the other node is busy) and the broker refuses its copy back
+    to the queue: it renders the chunk itself. Acked unrendered, the attempt would wait queued for
+    ever with no message behind it (the watchdog gives up started attempts only)."""
+    farm = make_farm(failure_backoff_s=0.0)
+    good, flaky, _ = farm.nodes
+    farm.start_worker(good, FARM_TEST_MIN_CHUNK_S="8")
+    farm.start_worker(flaky, FARM_TEST_BROKEN_ONCE=str(farm.root / "flaky-failed"), FARM_TEST_PUT_BACK_FAILS="1")
+    farm.wait_workers([good, flaky])
+    farm.start_coordinator()
+    busy = farm.submit(frames=10, nodes=[good])            # keeps the good node busy for 8 s
+    wait_for("the good node busy", lambda: any(a["state"] == "started" for a in farm.attempts(busy)), 60)
+    job_id = farm.submit(frames=10, nodes=[good, flaky])   # one chunk
+    job = farm.wait_state(job_id, ("done", "failed"), timeout=120)
+    assert job["state"] == "done", (job["reason"], farm.attempts(job_id))
+    tries = farm.attempts(job_id)
+    assert [(a["n"], a["node"], a["state"]) for a in tries] == [(1, flaky, "failed"), (2, flaky, "done")]
+    assert json.loads(tries[1]["avoid"]) == [flaky]
+    assert "not put back (OperationalError: injected" in farm.log("worker-%s.log" % flaky)

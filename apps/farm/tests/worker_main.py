@@ -10,6 +10,8 @@ FARM_TEST_SILENT=PATH  the first chunk this node starts while PATH does not exis
 FARM_TEST_HANG=N       the render of chunk N hangs (it writes nothing, its reports go on), on every node
                        while the file FARM_TEST_HANG_MARK does not exist (the first hang makes it)
 FARM_TEST_RECORD=PATH  each render appends {"index", "spec"} (the spec render_chunk got) to PATH, a line
+FARM_TEST_BROKEN_ONCE=PATH  a render fails while PATH does not exist (the failure makes it)
+FARM_TEST_PUT_BACK_FAILS=1  the broker refuses this node's copy of a chunk it puts back (tasks._put_back)
 """
 
 import json
@@ -21,9 +23,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
+from kombu.exceptions import OperationalError
+
 from farm import cli, render, tasks
 
-real_render, real_report = render.render_chunk, tasks.report
+real_render, real_report, real_send_task = render.render_chunk, tasks.report, tasks.app.send_task
 silenced = set()
 
 
@@ -40,6 +44,10 @@ def render_chunk(spec, index, first, last, workdir):
         time.sleep(3600)
     if os.environ.get("FARM_TEST_BROKEN"):
         raise render.RenderError("injected: this node's renderer is broken")
+    once = os.environ.get("FARM_TEST_BROKEN_ONCE")
+    if once and not os.path.exists(once):
+        Path(once).touch()
+        raise render.RenderError("injected: this node's renderer failed once")
     out = real_render(spec, index, first, last, workdir)
     least = max(float(os.environ.get("FARM_TEST_MIN_CHUNK_S", "0")),
                 float(os.environ.get("FARM_TEST_S_PER_FRAME", "0")) * (last - first + 1))
@@ -57,6 +65,13 @@ def report(event, **fields):
     return real_report(event, **fields)
 
 
+def send_task(name, *args, **kwargs):
+    if name == "farm.render" and os.environ.get("FARM_TEST_PUT_BACK_FAILS"):
+        raise OperationalError("injected: the broker refused the copy")
+    return real_send_task(name, *args, **kwargs)
+
+
 render.render_chunk = render_chunk
 tasks.report = report
+tasks.app.send_task = send_task
 sys.exit(cli.main(["worker", *sys.argv[1:]]))

@@ -15,6 +15,7 @@ bundle by hash and uploads its parts (farm.transport).
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import threading
 import time
@@ -31,6 +32,7 @@ from farm import transport
 from farm.config import Settings
 
 app = Celery("farm")
+log = logging.getLogger(__name__)
 here = SimpleNamespace(settings=Settings(), node=socket.gethostname(), host=None, user=None,   # set by configure()
                        frozen_at=None, tick_at=None)
 
@@ -109,11 +111,12 @@ def _host() -> transport.Host | None:
     return here.host if s.host_url else None
 
 
-def _put_back(request, kwargs: dict) -> None:
+def _put_back(request, kwargs: dict) -> bool:
     """A copy to the job's queue, through the job's own exchange (a node's broker user may not write
     to the default one) and not declared: a job that ended meanwhile has neither, and the copy goes
     nowhere. Not Reject(requeue=True): the message would come back `redelivered`, which the next
-    worker takes for a lost one."""
+    worker takes for a lost one. False when no copy could be sent (the broker refused it, or was away
+    past send_task's own retries): this delivery is then the chunk's only one."""
     q = queue_of(kwargs["job"])
     try:
         app.send_task("farm.render", task_id=request.id, kwargs={**kwargs, "held": kwargs.get("held", 0) + 1},
@@ -121,6 +124,11 @@ def _put_back(request, kwargs: dict) -> None:
                       priority=request.delivery_info.get("priority") or 0)
     except NOT_FOUND:                   # the job's exchange is gone with the job
         pass
+    except Exception as e:
+        log.warning("chunk %s of job %s not put back (%s: %s): rendered here", kwargs["index"], kwargs["job"],
+                    type(e).__name__, e)
+        return False
+    return True
 
 
 def _report_interrupted(ids: dict) -> None:
@@ -187,9 +195,11 @@ def render(self, job: str, index: int, *, first: int, last: int, spec: dict, avo
         return
     # A retry avoids the node that failed it, while no other node has taken it for silent_after_s. Back
     # in the queue first, then the hold: another worker that frees up meanwhile finds it there.
-    if here.node in (avoid or ()) and held * s.avoid_hold_s < s.silent_after_s:
-        _put_back(self.request, {"job": job, "index": index, "first": first, "last": last, "spec": spec,
-                                 "avoid": avoid, "held": held})
+    # A copy that could not be sent: rendered here, as acking this delivery would leave the attempt
+    # queued with no message, which nothing gives up.
+    if here.node in (avoid or ()) and held * s.avoid_hold_s < s.silent_after_s and _put_back(
+            self.request, {"job": job, "index": index, "first": first, "last": last, "spec": spec,
+                           "avoid": avoid, "held": held}):
         time.sleep(s.avoid_hold_s)
         return
     report("started", first=first, last=last, **ids)
