@@ -51,7 +51,8 @@ def test_a_retry_avoids_the_node_that_failed_it(make_farm):
     farm = make_farm(failure_backoff_s=0.0)
     good, broken, absent = farm.nodes
     farm.start_worker(good, FARM_TEST_MIN_CHUNK_S="8")
-    farm.start_worker(broken, FARM_TEST_BROKEN="1")
+    copies = farm.root / "put-back.jsonl"
+    farm.start_worker(broken, FARM_TEST_BROKEN="1", FARM_TEST_PUT_BACK_RECORD=str(copies))
     farm.wait_workers([good, broken])
     farm.start_coordinator()
     busy = farm.submit(frames=10, nodes=[good])            # keeps the good node busy for 8 s
@@ -63,6 +64,10 @@ def test_a_retry_avoids_the_node_that_failed_it(make_farm):
     assert [(a["n"], a["node"], a["state"]) for a in tries] == [(1, broken, "failed"), (2, good, "done")]
     assert tries[0]["avoid"] is None and json.loads(tries[1]["avoid"]) == [broken]
     assert farm.wait_state(busy, "done")["state"] == "done"
+    # the broken node put the retry back (it was free first), with the chunk's time limits
+    put_back = [json.loads(line) for line in copies.read_text().splitlines()]
+    assert put_back and all(c["task_id"] == tries[1]["id"] for c in put_back), put_back
+    assert all(0 < (c.get("soft_time_limit") or 0) < (c.get("time_limit") or 0) for c in put_back), put_back
 
     # no other node answers (its worker is not running): the retries may go to the broken node
     lonely = farm.submit(frames=10, nodes=[broken, absent])
@@ -77,11 +82,11 @@ def test_a_retry_that_cannot_be_put_back_is_rendered_where_it_landed(make_farm):
     ever with no message behind it (the watchdog gives up started attempts only)."""
     farm = make_farm(failure_backoff_s=0.0)
     good, flaky, _ = farm.nodes
-    farm.start_worker(good, FARM_TEST_MIN_CHUNK_S="8")
+    farm.start_worker(good, FARM_TEST_MIN_CHUNK_S="12")
     farm.start_worker(flaky, FARM_TEST_BROKEN_ONCE=str(farm.root / "flaky-failed"), FARM_TEST_PUT_BACK_FAILS="1")
     farm.wait_workers([good, flaky])
     farm.start_coordinator()
-    busy = farm.submit(frames=10, nodes=[good])            # keeps the good node busy for 8 s
+    busy = farm.submit(frames=10, nodes=[good])            # keeps the good node busy for 12 s
     wait_for("the good node busy", lambda: any(a["state"] == "started" for a in farm.attempts(busy)), 60)
     job_id = farm.submit(frames=10, nodes=[good, flaky])   # one chunk
     job = farm.wait_state(job_id, ("done", "failed"), timeout=120)

@@ -12,6 +12,7 @@ FARM_TEST_HANG=N       the render of chunk N hangs (it writes nothing, its repor
 FARM_TEST_RECORD=PATH  each render appends {"index", "spec"} (the spec render_chunk got) to PATH, a line
 FARM_TEST_BROKEN_ONCE=PATH  a render fails while PATH does not exist (the failure makes it)
 FARM_TEST_PUT_BACK_FAILS=1  the broker refuses this node's copy of a chunk it puts back (tasks._put_back)
+FARM_TEST_PUT_BACK_RECORD=PATH  each copy this node puts back appends its send_task options to PATH, a line
 """
 
 import json
@@ -66,6 +67,9 @@ def report(event, **fields):
 
 
 def send_task(name, *args, **kwargs):
+    if name == "farm.render" and os.environ.get("FARM_TEST_PUT_BACK_RECORD"):
+        with open(os.environ["FARM_TEST_PUT_BACK_RECORD"], "a") as f:
+            f.write(json.dumps({k: v for k, v in kwargs.items() if k != "kwargs"}) + "\n")
     if name == "farm.render" and os.environ.get("FARM_TEST_PUT_BACK_FAILS"):
         raise OperationalError("injected: the broker refused the copy")
     return real_send_task(name, *args, **kwargs)

@@ -289,5 +289,5 @@ def test_capacity_bench_leaves_a_leased_worker_drained_and_skips_its_legs(tmp_pa
             assert "vca-node1" in legs[name].get("reason", ""), legs[name]
     finally:
         lease_state("vca-node1", "ready")
-    wait_for(lambda s: s["vca-node1"] == "UP", "node 1 returned")
+        wait_for(lambda s: s["vca-node1"] == "UP", "node 1 returned")
 

@@ -115,15 +115,21 @@ def _put_back(request, kwargs: dict) -> bool:
     """A copy to the job's queue, through the job's own exchange (a node's broker user may not write
     to the default one) and not declared: a job that ended meanwhile has neither, and the copy goes
     nowhere. Not Reject(requeue=True): the message would come back `redelivered`, which the next
-    worker takes for a lost one. False when no copy could be sent (the broker refused it, or was away
-    past send_task's own retries): this delivery is then the chunk's only one."""
+    worker takes for a lost one. The copy keeps the time limits the coordinator gave the chunk.
+
+    False when the broker did not take the copy (it refused it): this delivery is then the chunk's
+    only one. A connection lost after the broker took the copy also reads False; the chunk is then
+    rendered twice under one attempt id, and the coordinator keeps the first `done`."""
     q = queue_of(kwargs["job"])
+    hard, soft = request.timelimit or (None, None)
     try:
         app.send_task("farm.render", task_id=request.id, kwargs={**kwargs, "held": kwargs.get("held", 0) + 1},
                       exchange=q.exchange.name, routing_key=q.routing_key, declare=[], ignore_result=True,
-                      priority=request.delivery_info.get("priority") or 0)
+                      priority=request.delivery_info.get("priority") or 0, time_limit=hard, soft_time_limit=soft)
     except NOT_FOUND:                   # the job's exchange is gone with the job
         pass
+    except SoftTimeLimitExceeded:
+        raise
     except Exception as e:
         log.warning("chunk %s of job %s not put back (%s: %s): rendered here", kwargs["index"], kwargs["job"],
                     type(e).__name__, e)
