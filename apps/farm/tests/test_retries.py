@@ -45,25 +45,33 @@ def test_a_publish_that_fails_is_tried_again(make_farm):
     assert farm.log("coordinator.log").count("not published (ConnectionError: injected") == 3
 
 
+def retry_while_the_good_node_is_busy(farm, other: str, busy_s: float, **other_env) -> list[dict]:
+    """The good node (the farm's first) busy with a job of its own for busy_s, then a one-chunk job on
+    it and `other`: that job's attempts, once it is done."""
+    good = farm.nodes[0]
+    farm.start_worker(good, FARM_TEST_MIN_CHUNK_S=str(busy_s))
+    farm.start_worker(other, **other_env)
+    farm.wait_workers([good, other])
+    farm.start_coordinator()
+    busy = farm.submit(frames=10, nodes=[good])
+    wait_for("the good node busy", lambda: any(a["state"] == "started" for a in farm.attempts(busy)), 60)
+    job_id = farm.submit(frames=10, nodes=[good, other])
+    job = farm.wait_state(job_id, ("done", "failed"), timeout=120)
+    assert job["state"] == "done", (job["reason"], farm.attempts(job_id))
+    assert farm.wait_state(busy, "done")["state"] == "done"
+    return farm.attempts(job_id)
+
+
 def test_a_retry_avoids_the_node_that_failed_it(make_farm):
     """A small job on a broken node and a busy good one: without avoid the broken node takes its own
     retries (it is the only free one) and uses up the chunk's attempts."""
     farm = make_farm(failure_backoff_s=0.0)
     good, broken, absent = farm.nodes
-    farm.start_worker(good, FARM_TEST_MIN_CHUNK_S="8")
     copies = farm.root / "put-back.jsonl"
-    farm.start_worker(broken, FARM_TEST_BROKEN="1", FARM_TEST_PUT_BACK_RECORD=str(copies))
-    farm.wait_workers([good, broken])
-    farm.start_coordinator()
-    busy = farm.submit(frames=10, nodes=[good])            # keeps the good node busy for 8 s
-    wait_for("the good node busy", lambda: any(a["state"] == "started" for a in farm.attempts(busy)), 60)
-    job_id = farm.submit(frames=10, nodes=[good, broken])  # one chunk
-    job = farm.wait_state(job_id, ("done", "failed"), timeout=120)
-    assert job["state"] == "done", (job["reason"], farm.attempts(job_id))
-    tries = farm.attempts(job_id)
+    tries = retry_while_the_good_node_is_busy(farm, broken, 8, FARM_TEST_BROKEN="1",
+                                              FARM_TEST_PUT_BACK_RECORD=str(copies))
     assert [(a["n"], a["node"], a["state"]) for a in tries] == [(1, broken, "failed"), (2, good, "done")]
     assert tries[0]["avoid"] is None and json.loads(tries[1]["avoid"]) == [broken]
-    assert farm.wait_state(busy, "done")["state"] == "done"
     # the broken node put the retry back (it was free first), with the chunk's time limits
     put_back = [json.loads(line) for line in copies.read_text().splitlines()]
     assert put_back and all(c["task_id"] == tries[1]["id"] for c in put_back), put_back
@@ -81,17 +89,9 @@ def test_a_retry_that_cannot_be_put_back_is_rendered_where_it_landed(make_farm):
     to the queue: it renders the chunk itself. Acked unrendered, the attempt would wait queued for
     ever with no message behind it (the watchdog gives up started attempts only)."""
     farm = make_farm(failure_backoff_s=0.0)
-    good, flaky, _ = farm.nodes
-    farm.start_worker(good, FARM_TEST_MIN_CHUNK_S="12")
-    farm.start_worker(flaky, FARM_TEST_BROKEN_ONCE=str(farm.root / "flaky-failed"), FARM_TEST_PUT_BACK_FAILS="1")
-    farm.wait_workers([good, flaky])
-    farm.start_coordinator()
-    busy = farm.submit(frames=10, nodes=[good])            # keeps the good node busy for 12 s
-    wait_for("the good node busy", lambda: any(a["state"] == "started" for a in farm.attempts(busy)), 60)
-    job_id = farm.submit(frames=10, nodes=[good, flaky])   # one chunk
-    job = farm.wait_state(job_id, ("done", "failed"), timeout=120)
-    assert job["state"] == "done", (job["reason"], farm.attempts(job_id))
-    tries = farm.attempts(job_id)
+    flaky = farm.nodes[1]
+    tries = retry_while_the_good_node_is_busy(farm, flaky, 12, FARM_TEST_PUT_BACK_FAILS="1",
+                                              FARM_TEST_BROKEN_ONCE=str(farm.root / "flaky-failed"))
     assert [(a["n"], a["node"], a["state"]) for a in tries] == [(1, flaky, "failed"), (2, flaky, "done")]
     assert json.loads(tries[1]["avoid"]) == [flaky]
     assert "not put back (OperationalError: injected" in farm.log("worker-%s.log" % flaky)
