@@ -200,9 +200,9 @@ def render(self, job: str, index: int, *, first: int, last: int, spec: dict, avo
         time.sleep(s.lost_hold_s)
         return
     # A retry avoids the node that failed it, while no other node has taken it for silent_after_s. Back
-    # in the queue first, then the hold: another worker that frees up meanwhile finds it there.
-    # A copy that could not be sent: rendered here, as acking this delivery would leave the attempt
-    # queued with no message, which nothing gives up.
+    # in the queue first, then the hold: another worker that frees up meanwhile finds it there. When no
+    # copy went, it is rendered here: acking this delivery would leave the attempt queued with no
+    # message, which nothing gives up.
     if here.node in (avoid or ()) and held * s.avoid_hold_s < s.silent_after_s and _put_back(
             self.request, {"job": job, "index": index, "first": first, "last": last, "spec": spec,
                            "avoid": avoid, "held": held}):
