@@ -3,6 +3,7 @@ the workers' routes: bundles by hash, part uploads."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import sys
@@ -28,7 +29,7 @@ SPEC = {"renderer": "testsrc", "width": 320, "height": 180, "fps": 30, "frames":
 @pytest.fixture
 def api(tmp_path):
     s = load(None, db_path=str(tmp_path / "farm.db"), output_dir=str(tmp_path / "out"),
-             work_dir=str(tmp_path / "work"), parts_dir=str(tmp_path / "parts"))
+             work_dir=str(tmp_path / "work"), parts_dir=str(tmp_path / "parts"), never_lend=["vca-node2"])
     client = TestClient(build(s, "secret", "worker-secret"))
     client.headers["Authorization"] = "Bearer secret"
     client.settings = s
@@ -154,3 +155,19 @@ def test_a_job_from_a_project_records_its_bundle_time(api, monkeypatch, tmp_path
     assert r.status_code == 201, r.text
     v = api.get("/v1/jobs/" + r.json()["id"]).json()
     assert 0.2 <= v["job"]["timings"]["bundle_s"] < 5 and v["timings"] == v["job"]["timings"]
+
+
+def test_a_part_the_host_has_no_room_for_is_its_own_fault_507(api, monkeypatch):
+    """Out of space on the host: 507, which the worker's transport raises as HostFull and reports as
+    `interrupted` (nobody charged); nothing is left behind."""
+    from farm import api as api_module  # noqa: PLC0415
+    jid = api.post("/v1/jobs", json={"spec": SPEC, "out": "a.mp4", "nodes": ["vca-node0"]}).json()["id"]
+
+    async def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(api_module, "_write_part", full)
+    body = b"part"
+    r = as_worker(api).put("/v1/jobs/%s/parts/part-00000.ts" % jid, content=body,
+                            headers={"X-Content-SHA256": hashlib.sha256(body).hexdigest()})
+    assert r.status_code == 507 and "disk is full" in r.json()["error"], r.text
+    assert list((Path(api.settings.parts_dir) / jid).iterdir()) == []

@@ -33,9 +33,12 @@ def spec(tmp_path, frames=300):
     return str(p)
 
 
-def test_node_2_is_never_lent(tmp_path):
-    s = load(None)
-    assert "vca-node2" in s.never_lend and "vca-node2" not in s.lendable and "vca-node3" not in s.lendable
+def test_a_node_the_config_holds_back_is_never_lent(tmp_path):
+    s = load(None, never_lend=["vca-node2"])
+    assert "vca-node2" not in s.lendable and "vca-node3" not in s.lendable
+    cfg = tmp_path / "farm.toml"
+    cfg.write_text('db_path = "%s"\noutput_dir = "%s"\nnever_lend = ["vca-node2"]\n' % (tmp_path / "farm.db",
+                                                                                      tmp_path / "out"))
     r = farm(tmp_path, "submit", "--spec", spec(tmp_path), "--out", "x.mp4", "--nodes", "vca-node0", "vca-node2")
     assert r.returncode != 0 and "vca-node2 is never lent" in r.stderr
 
@@ -62,8 +65,8 @@ def test_submit_records_the_planned_job_and_cancel_needs_a_live_one(tmp_path):
     assert farm(tmp_path, "cancel", "nosuchjob").returncode == 2
 
 
-def test_a_config_cannot_lend_node_2_and_unknown_nodes_are_refused(tmp_path):
-    assert "vca-node2" in load(None, never_lend=[]).never_lend
+def test_the_app_holds_no_node_back_of_its_own_and_unknown_nodes_are_refused(tmp_path):
+    assert load(None).never_lend == []          # the inventory's choice (farm_never_lend), never the code's
     r = farm(tmp_path, "submit", "--spec", spec(tmp_path), "--out", "x.mp4", "--nodes", "vca-node9", "--detach")
     assert r.returncode != 0 and "vca-node9: not in farm_nodes" in r.stderr
 

@@ -84,10 +84,26 @@ def test_a_hung_render_is_seen_by_its_output_and_rendered_elsewhere(make_farm):
     farm.wait_state(job_id, ("done", "failed"), timeout=180)
     assert_every_chunk_once(farm, job_id)
     hung = [a for a in farm.attempts(job_id) if a["idx"] == 1 and a["state"] == "lost"]
-    assert len(hung) == 1 and "wrote nothing" in hung[0]["error"] and hung[0]["charged"] == 1, hung
+    assert len(hung) == 1 and "no progress" in hung[0]["error"] and hung[0]["charged"] == 1, hung
     done = next(a for a in farm.attempts(job_id) if a["idx"] == 1 and a["state"] == "done")
     assert done["node"] != hung[0]["node"]
     print("\nhung render: %s" % hung[0]["error"])
+
+
+def test_a_render_that_writes_nothing_until_its_end_is_not_given_up_while_its_frames_advance(make_farm):
+    """Remotion writes a chunk's parts only at its end. testsrc in realtime does the same (100 frames at
+    10 fps: 10 s with no byte of a part), longer than stall_after_s: its frames are its progress, and
+    the job is done with no attempt given up and no node charged."""
+    farm = make_farm(stall_after_s=6.0, min_chunk=100)
+    farm.start_workers()
+    farm.start_coordinator()
+    job_id = farm.submit(frames=200, fps=10, realtime=True)
+    job = farm.wait_state(job_id, ("done", "failed"), timeout=180)
+    assert job["state"] == "done", job["reason"]
+    assert_every_chunk_once(farm, job_id)
+    assert [a["state"] for a in farm.attempts(job_id)] == ["done", "done"]
+    assert farm.db.rows("SELECT * FROM node_failures WHERE job_id=?", (job_id,)) == []
+    assert max(a["frames_done"] or 0 for a in farm.attempts(job_id)) >= 50     # frames came in the reports
 
 
 def test_a_report_that_could_not_be_applied_is_requeued_not_dropped(make_farm):

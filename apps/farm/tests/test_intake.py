@@ -17,6 +17,7 @@ from farm.api import build
 from farm.config import Settings, load
 from farm.coordinator import verified_text
 from farm.db import DB
+from farm.gc import free_gib
 from farm.jobs import resolve_out, submit
 
 SPEC = {"renderer": "testsrc", "width": 64, "height": 36, "fps": 30, "frames": 120}
@@ -104,8 +105,9 @@ def test_chunks_are_bounded_by_render_time_so_a_long_video_gets_more_of_them(s):
     longest = max(c["last"] - c["first"] + 1 for c in chunks)
     assert longest * s.s_per_frame(two_hours) <= 300.0           # not 16 chunks of 13,500 frames
     assert len(chunks) == -(-216_000 // int(300 / 0.0704))
-    soft, hard = s.chunk_limits(two_hours, longest)
-    assert soft < hard < s.broker_consumer_timeout_s              # the broker never takes one back mid-render
+    soft, hard = s.worker_limits()
+    assert s.time_limit_s(longest, s.s_per_frame(two_hours)) <= soft < hard < s.broker_consumer_timeout_s
+    # the broker never takes one back mid-render
     # the seeds' episode on four nodes is still the per-node plan: 16 chunks
     jid = submit(s, {**two_hours, "frames": 15_474}, "ep.mp4", ["vca-node0", "vca-node1", "vca-node4", "vca-node5"])
     assert len(DB(s.db_path).rows("SELECT 1 FROM chunks WHERE job_id=?", (jid,))) == 16
@@ -117,8 +119,35 @@ def test_chunks_are_bounded_by_render_time_so_a_long_video_gets_more_of_them(s):
 
 def test_a_chunk_bound_that_would_outlive_the_consumer_timeout_is_a_settings_error():
     with pytest.raises(ValueError, match="consumer_timeout"):
-        Settings(chunk_target_s=600, chunk_limit_factor=4, broker_consumer_timeout_s=1800)
-    Settings(chunk_target_s=600, chunk_limit_factor=4, broker_consumer_timeout_s=3000)
+        Settings(chunk_limit_cap_s=3600, broker_consumer_timeout_s=1800)
+    Settings(chunk_limit_cap_s=1500, broker_consumer_timeout_s=1800)
+    with pytest.raises(ValueError, match="chunk_limit_cap_s"):
+        Settings(chunk_limit_cap_s=100, chunk_limit_floor_s=120)
+
+
+def test_a_job_whose_parts_would_not_fit_above_the_floor_is_refused(s):
+    """Parts and output of an estimated size (frames x pixels x part_bytes_per_pixel): a job that would
+    leave less than min_free_gib free is refused at submit, before anything is recorded."""
+    free = free_gib(s.parts_dir)
+    frames = int((free + 1) * 2**30 / (1280 * 720 * s.part_bytes_per_pixel * 2)) + 1
+    huge = {**SPEC, "frames": frames, "width": 1280, "height": 720}
+    with pytest.raises(ValueError, match="needs about .* GiB for its parts and output"):
+        submit(s, huge, "huge.mp4", ["vca-node0"])
+    assert jobs(s) == []
+    submit(s, {**huge, "frames": 900}, "small.mp4", ["vca-node0"])
+    assert len(jobs(s)) == 1
+
+
+def test_s_per_frame_comes_from_the_cli_and_the_api(s):
+    jid = submit(s, SPEC, "a.mp4", ["vca-node0"], s_per_frame=2.5)
+    assert DB(s.db_path).job(jid)["spec"]["s_per_frame"] == 2.5
+    with pytest.raises(ValueError, match="s_per_frame"):
+        submit(s, SPEC, "b.mp4", ["vca-node0"], s_per_frame=-1)
+    api = TestClient(build(s, "secret", "worker-secret"))
+    api.headers["Authorization"] = "Bearer secret"
+    r = api.post("/v1/jobs", json={"spec": SPEC, "out": "c.mp4", "s_per_frame": 0.5})
+    assert r.status_code in (200, 201, 202), r.text
+    assert DB(s.db_path).job(r.json()["id"])["spec"]["s_per_frame"] == 0.5
 
 
 def test_a_job_whose_audio_was_not_checked_says_so():

@@ -2,6 +2,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import wave
 from pathlib import Path
@@ -12,7 +13,7 @@ from farm import remotion
 from farm.config import Settings
 from farm.join import join
 from farm.plan import plan_chunks
-from farm.render import RenderError, reference_audio, render_chunk
+from farm.render import RenderError, frames_done, reference_audio, render_chunk, written
 from farm.verify import probe, verify
 from mediatools import pcm, require, src_spec
 
@@ -62,6 +63,50 @@ def test_killed_render_leaves_no_part_under_its_final_name(tmp_path):
     assert names and all(n.startswith(".part-00007.") for n in names), names
 
 
+def watched_render(spec, index, first, last, workdir):
+    """render_chunk in a thread, and what a worker's progress report would have said every 0.1 s:
+    (frames the renderer reports, bytes of parts in the work directory)."""
+    progress = workdir / "progress" / "p.json"
+    progress.parent.mkdir(parents=True)
+    result, seen = {}, []
+    t = threading.Thread(target=lambda: result.update(render_chunk(spec, index, first, last, workdir,
+                                                                   progress=progress)))
+    t.start()
+    while t.is_alive():
+        frames = frames_done(progress)
+        if frames is not None:
+            seen.append((frames, written(workdir, index)))
+        time.sleep(0.1)
+    t.join()
+    assert result, "the render failed"
+    assert not progress.exists()
+    return result, seen
+
+
+def test_testsrc_reports_frames_and_writes_its_parts_only_at_the_end(tmp_path):
+    """testsrc is as strict as Remotion where the watchdog looks: no byte of a part in the work
+    directory until the chunk ends, frames rendered as the render goes (realtime: 40 frames at 10 fps
+    take 4 s)."""
+    spec = {**src_spec(40, fps=10), "realtime": True}
+    got, seen = watched_render(spec, 3, 0, 39, tmp_path)
+    counts = [frames for frames, _ in seen]
+    assert len(set(counts)) >= 3 and counts == sorted(counts) and counts[-1] <= 40, seen
+    assert all(w == 0 for frames, w in seen if frames < 30), seen
+    assert probe(Path(got["video"]))["frames"] == 40
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["part-00003.ts", "part-00003.wav", "progress"]
+
+
+def test_progress_files_of_both_renderers_read_as_frames(tmp_path):
+    p = tmp_path / "p"
+    assert frames_done(p) is None
+    p.write_text('{"rendered": 12, "encoded": 10, "stage": "encoding"}')
+    assert frames_done(p) == 12
+    p.write_text("frame=3\nfps=1.0\nprogress=continue\nframe=17\nfps=2.0\nprogress=continue\n")
+    assert frames_done(p) == 17
+    p.write_text('{"rendered": 1')          # read while being replaced
+    assert frames_done(p) is None
+
+
 def test_failed_render_leaves_nothing(tmp_path):
     with pytest.raises(RenderError, match="testsrc render failed"):
         render_chunk({**src_spec(30), "width": -1}, 0, 0, 29, tmp_path)
@@ -88,7 +133,9 @@ def test_remotion_hello_in_two_chunks(tmp_path):
     parts = [render_chunk(spec, i, first, last, tmp_path / "parts")
              for i, first, last in plan_chunks(90, 1, min_chunk=45, per_node=2)]
     assert [p["frames"] for p in parts] == [45, 45]
-    single = render_chunk(spec, 0, 0, 89, tmp_path / "single")
+    single, seen = watched_render(spec, 0, 0, 89, tmp_path / "single")
+    # Remotion's own progress (onProgress: frames rendered and encoded) while its parts do not exist yet
+    assert any(0 < frames <= 90 and written == 0 for frames, written in seen), seen
     out = tmp_path / "hello.mp4"
     join([p["video"] for p in parts], [p["audio"] for p in parts], out, fps=30)
     ref = reference_audio(spec, 90, tmp_path / "ref.wav")  # the audio-only single-node render

@@ -32,7 +32,7 @@ real_render, real_report, real_send_task = render.render_chunk, tasks.report, ta
 silenced = set()
 
 
-def render_chunk(spec, index, first, last, workdir):
+def render_chunk(spec, index, first, last, workdir, **kw):
     t0 = time.monotonic()
     if os.environ.get("FARM_TEST_RECORD"):
         with open(os.environ["FARM_TEST_RECORD"], "a") as f:
@@ -49,7 +49,7 @@ def render_chunk(spec, index, first, last, workdir):
     if once and not os.path.exists(once):
         Path(once).touch()
         raise render.RenderError("injected: this node's renderer failed once")
-    out = real_render(spec, index, first, last, workdir)
+    out = real_render(spec, index, first, last, workdir, **kw)
     least = max(float(os.environ.get("FARM_TEST_MIN_CHUNK_S", "0")),
                 float(os.environ.get("FARM_TEST_S_PER_FRAME", "0")) * (last - first + 1))
     time.sleep(max(0.0, least - (time.monotonic() - t0)))

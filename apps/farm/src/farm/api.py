@@ -16,6 +16,7 @@ No token (or an unknown one): 401; a token of the wrong kind: 403.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import ipaddress
@@ -36,7 +37,7 @@ from farm.config import Settings
 from farm.db import DB, LIVE
 from farm.jobs import check_nodes, project_spec, submit
 
-SUBMIT_KEYS = {"spec", "project", "composition", "props", "out", "nodes", "verify"}
+SUBMIT_KEYS = {"spec", "project", "composition", "props", "out", "nodes", "verify", "s_per_frame"}
 
 
 def error(status: int, message: str) -> JSONResponse:
@@ -135,7 +136,7 @@ def build(s: Settings, token: str, worker_token: str | None = None, metrics_toke
 async def _submit(s: Settings, body) -> str:
     """The job's id; ValueError for a request that records nothing."""
     if not isinstance(body, dict) or set(body) - SUBMIT_KEYS or not isinstance(body.get("out"), str):
-        raise ValueError("expected {spec | project + composition [+ props], out, nodes?, verify?}")
+        raise ValueError("expected {spec | project + composition [+ props], out, nodes?, verify?, s_per_frame?}")
     nodes = check_nodes(s, body.get("nodes"))
     timings = None
     if "spec" in body:
@@ -146,7 +147,7 @@ async def _submit(s: Settings, body) -> str:
     else:
         raise ValueError("spec, or project and composition")
     return submit(s, spec, body["out"], nodes, verify=bool(body.get("verify")), timings=timings,
-                  made_here="spec" not in body)
+                  made_here="spec" not in body, s_per_frame=body.get("s_per_frame"))
 
 
 async def _store_part(request: Request, folder: Path, name: str, want: str, limit: int) -> JSONResponse:
@@ -154,22 +155,33 @@ async def _store_part(request: Request, folder: Path, name: str, want: str, limi
     under its name a part is whole, and a second upload replaces it whole."""
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{name}.{secrets.token_hex(4)}.upload"
-    h, size = hashlib.sha256(), 0
     try:
-        with open(tmp, "wb") as f:
-            async for block in request.stream():
-                h.update(block)
-                size += len(block)
-                if size > limit:      # no Content-Length, or a false one
-                    return error(413, "a part is at most max_part_bytes (%d bytes)" % limit)
-                await run_in_threadpool(f.write, block)
-            if h.hexdigest() != want:
-                return error(400, "%s: the body's sha256 is %s, X-Content-SHA256 says %s" % (name, h.hexdigest(), want))
-            f.flush()
-            await run_in_threadpool(os.fsync, f.fileno())
-        os.replace(tmp, folder / name)
+        return await _write_part(request, tmp, folder / name, name, want=want, limit=limit)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # The host's own fault: 507, which the worker reports as `interrupted` (nobody charged), and the
+        # coordinator pauses the job until space is back (README "The host's faults are the host's").
+        return error(507, "the host's disk is full under %s: %s" % (folder.parent, e.strerror))
     finally:
         tmp.unlink(missing_ok=True)
+
+
+async def _write_part(request: Request, tmp: Path, final: Path, name: str, *, want: str, limit: int) -> JSONResponse:
+    """The body into tmp, checked against its sha256, fsynced, then renamed to final."""
+    h, size = hashlib.sha256(), 0
+    with open(tmp, "wb") as f:
+        async for block in request.stream():
+            h.update(block)
+            size += len(block)
+            if size > limit:      # no Content-Length, or a false one
+                return error(413, "a part is at most max_part_bytes (%d bytes)" % limit)
+            await run_in_threadpool(f.write, block)
+        if h.hexdigest() != want:
+            return error(400, "%s: the body's sha256 is %s, X-Content-SHA256 says %s" % (name, h.hexdigest(), want))
+        f.flush()
+        await run_in_threadpool(os.fsync, f.fileno())
+    os.replace(tmp, final)
     return JSONResponse({"name": name, "sha256": want, "bytes": size}, status_code=201)
 
 

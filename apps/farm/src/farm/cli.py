@@ -111,7 +111,8 @@ def cmd_submit(a, s: Settings) -> int:
         raise SystemExit("farm: %s" % e) from None
     spec, timings = _spec(a, s)
     try:
-        job_id = submit(s, spec, a.out, nodes, verify=a.verify, timings=timings, made_here=not a.spec)
+        job_id = submit(s, spec, a.out, nodes, verify=a.verify, timings=timings, made_here=not a.spec,
+                        s_per_frame=a.s_per_frame)
     except ValueError as e:
         raise SystemExit("farm submit: %s" % e) from None
     print(job_id, flush=True)
@@ -216,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     x.add_argument("--nodes", nargs="+", help="default: the farm group, less the never-lent nodes")
     x.add_argument("--detach", action="store_true", help="print the job id and return")
     x.add_argument("--verify", action="store_true", help="also a single-node reference check")
+    x.add_argument("--s-per-frame", type=float, help="one node's render seconds per frame, if you know it: the"
+                   " chunks' size and first time limits (then they follow the job's measured speed)")
     x = sub.add_parser("status", help="a job's progress (no JOB: the recent jobs)")
     x.add_argument("job", nargs="?")
     x.add_argument("--json", action="store_true")

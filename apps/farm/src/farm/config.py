@@ -11,7 +11,6 @@ try:
 except ImportError:  # the nodes' Python 3.10
     import tomli as tomllib
 
-NEVER_LENT = "vca-node2"
 FARM_NODES = ["vca-node0", "vca-node1", "vca-node4", "vca-node5"]   # inventory group `farm`
 # One node's render seconds per frame. remotion: the seeds' episode, 15,474 frames in 363 s on one card's
 # three nodes (0.0704 s a frame a node). testsrc: ffmpeg's test pattern at a test's tiny size (an upper
@@ -59,7 +58,7 @@ class Settings:
     smem_url: str | None = None           # absent: no leases (the farm uses its group's nodes and says so)
     smem_token_file: str | None = None    # smem's admin token
     farm_nodes: list = field(default_factory=lambda: list(FARM_NODES))
-    never_lend: list = field(default_factory=lambda: ["vca-node2"])
+    never_lend: list = field(default_factory=list)   # nodes the farm never borrows (the inventory's farm_never_lend)
     min_chunk: int = 30                   # frames; farm.plan.plan_chunks
     per_node: int = 4                     # chunks per node
     # A chunk's size comes from its estimated render time (README "Long jobs"): a long video gets more
@@ -67,9 +66,12 @@ class Settings:
     chunk_target_s: float = 300.0         # a chunk's estimated render time on one node, at most
     render_s_per_frame: dict = field(default_factory=lambda: dict(RENDER_S_PER_FRAME))   # the estimate, by
                                           # renderer (one node); a job's spec may carry its own s_per_frame
-    chunk_limit_factor: float = 4.0       # a chunk is stopped (soft time limit: it fails, and is retried) at
-    chunk_limit_floor_s: float = 120.0    #   floor + factor x its estimated render time
-    broker_consumer_timeout_s: float = 1800.0   # RabbitMQ's consumer_timeout, as the role sets it from the same
+    chunk_limit_factor: float = 4.0       # a chunk is given up as too slow at floor + factor x its frames x the
+    chunk_limit_floor_s: float = 120.0    #   job's measured seconds per frame (README "Time limits that learn")
+    chunk_limit_cap_s: float = 3600.0     # and never later than this: the workers' own time limit (Celery's soft
+                                          # limit; the hard one HARD_LIMIT_GRACE_S later)
+    speed_sample_frames: int = 10         # a render's speed counts once it has rendered this many frames
+    broker_consumer_timeout_s: float = 3930.0   # RabbitMQ's consumer_timeout, as the role sets it from the same
                                           # bound: every chunk's hard limit must end before it
     progress_interval_s: float = 2.0      # a rendering chunk reports this often
     stale_after_s: float = 30.0           # a chunk silent this long shows as stale, not "rendering"
@@ -84,7 +86,11 @@ class Settings:
     keep_bundles_h: float = 168.0         # a bundle no job used this long
     temp_max_age_h: float = 6.0           # temporaries (half-written parts, a killed join's), this old
     max_part_bytes: int = 4 * 2**30       # an upload larger than this is refused (413)
-    min_free_gib: float = 2.0             # a submit is refused when parts_dir or output_dir has less free
+    min_free_gib: float = 2.0             # a submit is refused when parts_dir or output_dir has less free, or
+                                          # would have less once the job's parts and output are written
+    part_bytes_per_pixel: float = 0.15    # the estimate of a job's video size: bytes per pixel per frame (H.264
+                                          # at Remotion's default CRF 18 stays well under this), for the above
+    space_check_s: float = 30.0           # a job paused for lack of space on the host looks again this often
     api_listen: str = "127.0.0.1:8790"   # farm api
     api_token_file: str | None = None     # its bearer token (required)
     allow_public_listen: bool = False     # an api_listen on every address (0.0.0.0, ::, a name resolving to one)
@@ -107,16 +113,20 @@ class Settings:
             raise ValueError("chunk_target_s must be > 0, chunk_limit_factor >= 1, chunk_limit_floor_s >= 0")
         if any(not isinstance(v, (int, float)) or v <= 0 for v in self.render_s_per_frame.values()):
             raise ValueError("render_s_per_frame: seconds per frame, each > 0: %r" % (self.render_s_per_frame,))
-        longest = self.hard_limit_s(self.chunk_target_s)
+        if self.chunk_limit_cap_s <= self.chunk_limit_floor_s:
+            raise ValueError("chunk_limit_cap_s (%g) must be longer than chunk_limit_floor_s (%g)"
+                             % (self.chunk_limit_cap_s, self.chunk_limit_floor_s))
+        if self.speed_sample_frames < 1 or self.part_bytes_per_pixel <= 0 or self.space_check_s <= 0:
+            raise ValueError("speed_sample_frames must be >= 1, part_bytes_per_pixel and space_check_s > 0")
+        longest = self.hard_limit_s()
         if self.temp_max_age_h * 3600 <= longest:
             raise ValueError("temp_max_age_h must be longer than a chunk's hard limit (%g s): a render's"
                              " temporaries would be pruned under it" % longest)
         if longest >= self.broker_consumer_timeout_s:
-            raise ValueError("a chunk of chunk_target_s %g s may run %g s (its hard limit), not shorter than the"
-                             " broker's consumer_timeout (broker_consumer_timeout_s %g s): the broker would take"
-                             " it back mid-render" % (self.chunk_target_s, longest, self.broker_consumer_timeout_s))
-        # Node 2 keeps smem's interactive lane whole: a config may add to the list, never drop it.
-        self.never_lend = sorted(set(self.never_lend) | {NEVER_LENT})
+            raise ValueError("a chunk may run %g s (chunk_limit_cap_s %g, then its hard limit), not shorter than"
+                             " the broker's consumer_timeout (broker_consumer_timeout_s %g s): the broker would"
+                             " take it back mid-render" % (longest, self.chunk_limit_cap_s,
+                                                           self.broker_consumer_timeout_s))
 
     @property
     def lendable(self) -> list[str]:
@@ -136,16 +146,25 @@ class Settings:
         """The most frames one chunk may have: chunk_target_s of render time at the estimate."""
         return max(1, int(self.chunk_target_s / self.s_per_frame(spec)))
 
-    def soft_limit_s(self, estimate_s: float) -> float:
-        return self.chunk_limit_floor_s + self.chunk_limit_factor * estimate_s
+    def time_limit_s(self, frames: int, s_per_frame: float) -> float:
+        """When the coordinator gives a render of that many frames up as too slow, at that speed."""
+        return min(self.chunk_limit_cap_s, self.chunk_limit_floor_s + self.chunk_limit_factor * frames * s_per_frame)
 
-    def hard_limit_s(self, estimate_s: float) -> float:
-        return self.soft_limit_s(estimate_s) + HARD_LIMIT_GRACE_S
+    def hard_limit_s(self) -> float:
+        return self.chunk_limit_cap_s + HARD_LIMIT_GRACE_S
 
-    def chunk_limits(self, spec: dict, frames: int) -> tuple[float, float]:
-        """(soft, hard) time limit of a chunk of that many frames."""
-        estimate = frames * self.s_per_frame(spec)
-        return self.soft_limit_s(estimate), self.hard_limit_s(estimate)
+    def worker_limits(self) -> tuple[float, float]:
+        """(soft, hard) Celery time limits every chunk goes out with: the cap, a backstop for a coordinator
+        that is away; the limit that follows the job's speed is the coordinator's (time_limit_s)."""
+        return self.chunk_limit_cap_s, self.hard_limit_s()
+
+    def job_bytes(self, spec: dict) -> int:
+        """The estimated bytes a job writes on the host: its video parts, PCM parts and the output (the
+        video once more, and its audio)."""
+        frames, fps = spec["frames"], float(spec["fps"])
+        video = frames * spec.get("width", 1920) * spec.get("height", 1080) * self.part_bytes_per_pixel
+        pcm = frames / fps * spec.get("sample_rate", 48000) * 2 * 2
+        return int(2 * video + pcm + frames / fps * 32000)
 
     def node_user(self, node: str) -> str:
         return self.node_user_prefix + node

@@ -24,6 +24,7 @@ from farm import tasks
 from farm.brokerctl import BrokerControl
 from farm.config import Settings
 from farm.db import DB, FINAL, LIVE
+from farm.gc import free_gib
 from farm.joining import Joins
 from farm.leases import LeaseClient, LeaseConflict, LeaseError, LeaseKeeper
 from farm.statemachine import StateMachine
@@ -185,9 +186,14 @@ class Coordinator:
         jid = job["id"]
         if self._join_if_rendered(job):
             return
+        if job.get("paused") and self._due("space", jid, self.s.space_check_s):
+            low = [w for w in (self.s.parts_dir, self.s.output_dir) if free_gib(w) < self.s.min_free_gib]
+            if not low:
+                self.sm.resume(jid, "min_free_gib (%g) free again" % self.s.min_free_gib)
+                job = self.db.job(jid)
         self.publish_pending(job)           # what a failed publish left (the broker was away, say)
-        for a, why in self.sm.stuck(job, now, now - self.up_since):
-            self.sm.given_up(job, a, why)
+        for a, why, timed_out in self.sm.stuck(job, now, now - self.up_since):
+            self.sm.given_up(job, a, why, timed_out=timed_out)
         self.apply_outbox()
         if self.db.job(jid)["state"] not in LIVE:   # a give-up hit the cap: ended
             return
@@ -248,8 +254,10 @@ class Coordinator:
     def publish_pending(self, job: dict) -> None:
         """Attempts recorded but not yet on the broker; one that fails to go is tried again at the next
         tick. A crash between the publish and the mark publishes one twice: harmless, the first `done`
-        of a chunk counts and the join is by index. Each goes with its time limits (from its frames:
-        README "Long jobs") and the nodes it should avoid."""
+        of a chunk counts and the join is by index. Each goes with the workers' time limits (the cap:
+        README "Time limits that learn") and the nodes it should avoid."""
+        if job.get("paused"):       # the host's disk is full: nothing goes out until it has room again
+            return
         for a in self.db.rows("SELECT a.id, a.idx, a.priority, c.first, c.last FROM attempts a JOIN chunks c"
                               " ON c.job_id=a.job_id AND c.idx=a.idx WHERE a.job_id=? AND a.published=0"
                               " AND a.state='queued' ORDER BY a.n, a.idx", (job["id"],)):
@@ -259,7 +267,7 @@ class Coordinator:
                 kwargs["avoid"] = avoid
             try:
                 self.broker.publish(a["id"], job["id"], kwargs, priority=a["priority"],
-                                    limits=self.s.chunk_limits(job["spec"], a["last"] - a["first"] + 1))
+                                    limits=self.s.worker_limits())
             except Exception as e:
                 log.warning("job %s: attempt %s not published (%s: %s); trying again", job["id"], a["id"],
                             type(e).__name__, e)

@@ -58,9 +58,14 @@ CREATE INDEX IF NOT EXISTS events_job ON events(job_id, at);
 # attempts.heard_at is the coordinator's clock (the watchdog's), last_report_at the worker's.
 ADDED = [("jobs", "timings", "TEXT"), ("chunks", "timings", "TEXT"), ("attempts", "avoid", "TEXT"),
          ("attempts", "heard_at", "REAL"), ("attempts", "charged", "INTEGER"), ("attempts", "lost_at", "REAL"),
-         ("attempts", "phase", "TEXT"), ("attempts", "written", "INTEGER"), ("attempts", "grew_at", "REAL")]
-# attempts.written: the bytes of its parts its worker last reported; grew_at (the coordinator's clock) when
-# that last grew, or when the render phase began: a render whose output stops growing is abandoned
+         ("attempts", "phase", "TEXT"), ("attempts", "written", "INTEGER"), ("attempts", "grew_at", "REAL"),
+         ("attempts", "frames_done", "INTEGER"), ("attempts", "timed_out", "INTEGER"), ("jobs", "paused", "TEXT")]
+# jobs.paused: why the job publishes no chunk now (the host's disk is full); cleared when space is back
+# attempts.timed_out: given up as too slow for the job's measured speed (or the workers' cap). Charged to its
+# node only once another node renders the chunk; a chunk too slow on two nodes fails the job instead.
+# attempts.frames_done: the frames its renderer says it has rendered; written: the bytes of its parts in
+# the work directory; grew_at (the coordinator's clock) when either last advanced, or when the render
+# phase began: a render with neither for stall_after_s is abandoned
 # attempts.charged: 1 the node's fault (it counts against the chunk's attempts and the node), 0 not (a broker
 # fault), NULL not decided yet (a loss waiting for its excuse; README "Whose fault")
 TIMINGS = ("bundle_s", "fetch_s", "render_s", "upload_s", "join_s", "verify_s")

@@ -72,19 +72,31 @@ def check_spec(s: Settings, spec, *, made_here: bool = False) -> dict:
     return spec
 
 
-def check_free_space(s: Settings) -> None:
+def check_free_space(s: Settings, spec: dict | None = None) -> None:
+    """min_free_gib must stay free under parts_dir and output_dir once the job's parts and output are
+    written (Settings.job_bytes: an estimate from its frames and size)."""
+    need = s.job_bytes(spec) / 2**30 if spec else 0.0
     for where in (s.parts_dir, s.output_dir):
         free = free_gib(where)
         if free < s.min_free_gib:
             raise ValueError("only %.1f GiB free under %s (min_free_gib %g): run `farm gc`, or free space"
                              % (free, where, s.min_free_gib))
+        if free - need < s.min_free_gib:
+            raise ValueError("the job needs about %.1f GiB for its parts and output (%d frames at %sx%s), and %s"
+                             " has %.1f GiB free: less than min_free_gib (%g) would be left. Free space (`farm gc`)"
+                             " or send a shorter job" % (need, spec["frames"], spec.get("width", "?"),
+                                                         spec.get("height", "?"), where, free, s.min_free_gib))
 
 
 def submit(s: Settings, spec: dict, out: str, nodes: list[str], *, verify: bool = False,
-           timings: dict | None = None, made_here: bool = False) -> str:
+           timings: dict | None = None, made_here: bool = False, s_per_frame: float | None = None) -> str:
+    """s_per_frame: the job's own estimate of one node's seconds per frame (its chunks' size and first
+    time limits; the limits then follow what its chunks measure)."""
+    if s_per_frame is not None and isinstance(spec, dict):
+        spec = {**spec, "s_per_frame": s_per_frame}
     spec = check_spec(s, spec, made_here=made_here)
     out_path = resolve_out(s, out)
-    check_free_space(s)
+    check_free_space(s, spec)
     chunks = plan_chunks(spec["frames"], len(nodes), min_chunk=s.min_chunk, per_node=s.per_node,
                          max_chunk=s.max_chunk(spec))
     return DB(s.db_path).submit(spec, str(out_path), nodes, chunks, frames=spec["frames"],

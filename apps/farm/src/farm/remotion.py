@@ -177,10 +177,25 @@ def job_spec(project: Path, composition_id: str, props: dict, settings) -> dict:
 # do), not the CLI: a worker then needs only the renderer and its peers (apps/farm/remotion-worker,
 # 43 MB), no bundler or studio, and one browser serves selectComposition() and the render.
 # SIGTERM cancels the render (makeCancelSignal), so chromium and ffmpeg go with it.
+# Remotion renders frames into its own temporary directory and writes the output only at the end, so
+# the render's progress is its onProgress (frames rendered and encoded), written to o.progress (the
+# whole file replaced, at most twice a second) for the worker's progress reports.
 _RENDER_JS = """
 const [rendererPath, json] = process.argv.slice(1);
 const {openBrowser, selectComposition, renderMedia, makeCancelSignal} = require(rendererPath);
+const fs = require('fs');
 const o = JSON.parse(json);
+let written = 0;
+const onProgress = (p) => {
+  const now = Date.now();
+  if (!o.progress || (now - written < 500 && p.progress < 1)) return;
+  written = now;
+  try {
+    fs.writeFileSync(o.progress + '.tmp', JSON.stringify({rendered: p.renderedFrames, encoded: p.encodedFrames,
+                                                         stage: p.stitchStage}));
+    fs.renameSync(o.progress + '.tmp', o.progress);
+  } catch (e) { /* a progress file that cannot be written costs the reports, not the render */ }
+};
 const {cancelSignal, cancel} = makeCancelSignal();
 let cancelled = false;
 for (const sig of ['SIGTERM', 'SIGINT']) {
@@ -195,7 +210,7 @@ for (const sig of ['SIGTERM', 'SIGINT']) {
     await renderMedia({...common, composition, codec: o.codec, audioCodec: o.audioCodec,
                        separateAudioTo: o.separateAudioTo, enforceAudioTrack: true,
                        frameRange: o.frameRange, outputLocation: o.output, overwrite: true,
-                       concurrency: o.concurrency, sampleRate: o.sampleRate, cancelSignal});
+                       concurrency: o.concurrency, sampleRate: o.sampleRate, cancelSignal, onProgress});
   } finally {
     await browser.close({silent: true});
   }
@@ -204,9 +219,11 @@ for (const sig of ['SIGTERM', 'SIGINT']) {
 """
 
 
-def render_args(spec: dict, first: int, last: int, video: Path, audio: Path | None) -> list[str]:
+def render_args(spec: dict, first: int, last: int, video: Path, audio: Path | None, *,
+                progress: Path | None = None) -> list[str]:
     """argv of a render of frames first..last: MPEG-TS H.264 video and PCM s16 wav audio, or with
-    audio=None the range's audio alone as one wav (a reference)."""
+    audio=None the range's audio alone as one wav (a reference). `progress`: the file the render keeps
+    its frames rendered and encoded in (farm.render.frames_done reads it)."""
     modules = spec.get("node_modules")
     renderer = Path(modules or "") / "@remotion" / "renderer"
     if not modules or not (renderer / "package.json").is_file():
@@ -214,7 +231,8 @@ def render_args(spec: dict, first: int, last: int, video: Path, audio: Path | No
     options = {"serveUrl": str(Path(spec["bundle"]).resolve()), "composition": spec["composition"],
                "props": spec.get("props") or {}, "frameRange": [first, last],
                "browser": spec.get("browser", "/usr/bin/chromium"),
-               "concurrency": spec.get("concurrency"), "sampleRate": spec.get("sample_rate")}
+               "concurrency": spec.get("concurrency"), "sampleRate": spec.get("sample_rate"),
+               "progress": str(progress) if progress else None}
     if audio is None:
         options.update(codec="wav", output=str(video), audioCodec=None, separateAudioTo=None)
     else:
@@ -223,5 +241,10 @@ def render_args(spec: dict, first: int, last: int, video: Path, audio: Path | No
     return [spec.get("node", "node"), "-e", _RENDER_JS, str(renderer), json.dumps(options)]
 
 
-def render_range(spec: dict, first: int, last: int, video: Path, audio: Path | None, *, cwd: Path) -> None:
-    _run(render_args(spec, first, last, video, audio), cwd=cwd, what="remotion render")
+def render_range(spec: dict, first: int, last: int, video: Path, audio: Path | None, *, cwd: Path,
+                 progress: Path | None = None) -> None:
+    try:
+        _run(render_args(spec, first, last, video, audio, progress=progress), cwd=cwd, what="remotion render")
+    finally:
+        if progress:
+            Path(str(progress) + ".tmp").unlink(missing_ok=True)

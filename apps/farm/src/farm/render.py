@@ -8,8 +8,11 @@ Renderers: "remotion" (production) and "testsrc" (ffmpeg's testsrc2 and a tone: 
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
+import shutil
+import tempfile
 import time
 import wave
 from fractions import Fraction
@@ -31,15 +34,45 @@ def part_paths(workdir: Path, index: int) -> tuple[Path, Path]:
 
 
 def written(workdir: Path, index: int) -> int:
-    """Bytes of the chunk's parts written so far (its temporaries, then its parts): what shows a render
-    making progress, whatever the renderer reports."""
+    """Bytes of the chunk's parts in workdir so far. Neither renderer writes them before the chunk's
+    end (each renders in a private temporary directory, as Remotion does), so this is progress only
+    for the last steps; frames_done() is the render's own progress."""
     total = 0
-    for f in Path(workdir).glob(f"*part-{index:05d}*"):
+    for f in Path(workdir).glob(f"*part-{index:05d}.*"):
         try:
+            if f.name.endswith(PROGRESS_EXT) or not f.is_file():    # not a part: the renderer's own
+                continue
             total += f.stat().st_size
         except FileNotFoundError:     # renamed or removed meanwhile
             pass
     return total
+
+
+PROGRESS_EXT = ".progress"
+
+
+def progress_path(workdir: Path, index: int, token: str) -> Path:
+    return Path(workdir) / f".part-{index:05d}.{token}{PROGRESS_EXT}"
+
+
+def frames_done(progress: Path | None) -> int | None:
+    """Frames the renderer says it has rendered so far, from its progress file: Remotion's
+    onProgress (JSON: renderedFrames, encodedFrames) or ffmpeg's -progress (key=value blocks, the last
+    `frame=` counts). None before the renderer wrote any."""
+    if progress is None:
+        return None
+    try:
+        text = Path(progress).read_text(errors="replace")
+    except FileNotFoundError:
+        return None
+    if text.startswith("{"):
+        try:
+            p = json.loads(text)
+        except ValueError:       # read while it was being replaced: the next tick reads it whole
+            return None
+        return max(int(p.get("rendered") or 0), int(p.get("encoded") or 0))
+    frames = [line[6:] for line in text.splitlines() if line.startswith("frame=")]
+    return int(frames[-1]) if frames and frames[-1].strip().isdigit() else None
 
 
 def as_fraction(fps) -> Fraction:
@@ -66,22 +99,36 @@ def ffmpeg(args: list, what: str = "ffmpeg") -> None:
     proc.run(argv, what=what, error=RenderError)
 
 
-def _testsrc(spec: dict, first: int, last: int, video: Path, audio: Path, *, cwd: Path) -> None:
+def _testsrc(spec: dict, first: int, last: int, video: Path, audio: Path, *, cwd: Path, progress: Path) -> None:
+    """As strict as Remotion where the farm's watchdog looks: the parts are written in a private
+    temporary directory and appear in the work directory only at the chunk's end, and progress is
+    frames (ffmpeg's -progress). `realtime: true` in the spec renders at the job's fps (ffmpeg -re),
+    so a chunk takes its own length in seconds: a long render with no output until its end."""
     fps, sr = spec["fps"], spec.get("sample_rate", SAMPLE_RATE)
     n0, n1 = sample_at(first, fps, sr), sample_at(last + 1, fps, sr)
     # testsrc2 draws the frame number and time itself: trimming keeps them absolute.
     vf = f"trim=start_frame={first}:end_frame={last + 1},setpts=PTS-STARTPTS"
-    ffmpeg([
-        "-f", "lavfi", "-i", f"testsrc2=size={spec['width']}x{spec['height']}:rate={as_fraction(fps)}",
-        "-f", "lavfi", "-i", f"aevalsrc=exprs='{chirp_expr(n0, sr)}':s={sr}",
-        "-map", "0:v", "-vf", vf, "-frames:v", last + 1 - first,
-        "-c:v", "libx264", "-preset", "veryfast", "-crf", 18, "-pix_fmt", "yuv420p", "-f", "mpegts", video,
-        "-map", "1:a", "-af", f"atrim=end_sample={n1 - n0}", "-c:a", "pcm_s16le", "-f", "wav", audio,
-    ], what="testsrc render")
+    private = Path(tempfile.mkdtemp(prefix=f".{video.stem.lstrip('.')}.", suffix=".render", dir=video.parent))
+    try:
+        ffmpeg([
+            "-progress", progress, "-stats_period", "0.5",
+            *(["-re"] if spec.get("realtime") else []),
+            "-f", "lavfi", "-i", f"testsrc2=size={spec['width']}x{spec['height']}:rate={as_fraction(fps)}",
+            "-f", "lavfi", "-i", f"aevalsrc=exprs='{chirp_expr(n0, sr)}':s={sr}",
+            "-map", "0:v", "-vf", vf, "-frames:v", last + 1 - first,
+            "-c:v", "libx264", "-preset", "veryfast", "-crf", 18, "-pix_fmt", "yuv420p", "-f", "mpegts",
+            private / "video.ts",
+            "-map", "1:a", "-af", f"atrim=end_sample={n1 - n0}", "-c:a", "pcm_s16le", "-f", "wav",
+            private / "audio.wav",
+        ], what="testsrc render")
+        shutil.move(private / "video.ts", video)
+        shutil.move(private / "audio.wav", audio)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
 
 
-def _remotion(spec: dict, first: int, last: int, video: Path, audio: Path, *, cwd: Path) -> None:
-    remotion.render_range(spec, first, last, video, audio, cwd=cwd)
+def _remotion(spec: dict, first: int, last: int, video: Path, audio: Path, *, cwd: Path, progress: Path) -> None:
+    remotion.render_range(spec, first, last, video, audio, cwd=cwd, progress=progress)
 
 
 RENDERERS = {"testsrc": _testsrc, "remotion": _remotion}
@@ -100,9 +147,12 @@ def wav_samples(path: Path) -> int:
         return w.getnframes()
 
 
-def render_chunk(spec: dict, index: int, first: int, last: int, workdir: Path) -> dict:
+def render_chunk(spec: dict, index: int, first: int, last: int, workdir: Path, *,
+                 progress: Path | None = None) -> dict:
     """Render frames first..last (inclusive) into workdir/part-{index:05d}.ts and .wav.
-    Returns {"video", "audio", "frames", "seconds"}; seconds is the render's wall time."""
+    Returns {"video", "audio", "frames", "seconds"}; seconds is the render's wall time. The renderer
+    keeps `progress` (a file; default one beside the parts) up to date with the frames it has
+    rendered (frames_done reads it); it is removed at the end."""
     renderer = RENDERERS.get(spec.get("renderer"))
     if renderer is None:
         raise RenderError(f"unknown renderer {spec.get('renderer')!r}: one of {sorted(RENDERERS)}")
@@ -114,9 +164,10 @@ def render_chunk(spec: dict, index: int, first: int, last: int, workdir: Path) -
     token = f"{os.getpid()}-{secrets.token_hex(4)}"
     tmp_video = workdir / f".{video.stem}.{token}.{VIDEO_EXT}"
     tmp_audio = workdir / f".{audio.stem}.{token}.wav"
+    progress = Path(progress) if progress else progress_path(workdir, index, token)
     started = time.monotonic()
     try:
-        renderer(spec, first, last, tmp_video, tmp_audio, cwd=workdir)
+        renderer(spec, first, last, tmp_video, tmp_audio, cwd=workdir, progress=progress)
         sr = spec.get("sample_rate", SAMPLE_RATE)
         want = sample_at(last + 1, spec["fps"], sr) - sample_at(first, spec["fps"], sr)
         got = wav_samples(tmp_audio)
@@ -129,6 +180,7 @@ def render_chunk(spec: dict, index: int, first: int, last: int, workdir: Path) -
     finally:
         tmp_video.unlink(missing_ok=True)
         tmp_audio.unlink(missing_ok=True)
+        progress.unlink(missing_ok=True)
     return {"video": str(video), "audio": str(audio), "frames": last - first + 1,
             "seconds": round(time.monotonic() - started, 3)}
 

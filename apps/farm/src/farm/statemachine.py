@@ -8,6 +8,7 @@ Whose fault a lost attempt is: README "Whose fault"."""
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -121,6 +122,17 @@ class StateMachine:
         for a in attempts:
             self.decide_chunk(c, job, a["idx"], LOST_PRIORITY)
 
+    def pause_tx(self, c, jid: str, why: str) -> None:
+        """No chunk of the job is published until resume(): the host's disk is full (README "The host's
+        faults are the host's")."""
+        if c.execute("UPDATE jobs SET paused=? WHERE id=? AND paused IS NULL", (why, jid)).rowcount:
+            self.db.event(jid, "paused: %s; it goes on once min_free_gib is free again" % why, c)
+
+    def resume(self, jid: str, free: str) -> None:
+        with self.db.tx() as c:
+            if c.execute("UPDATE jobs SET paused=NULL WHERE id=? AND paused IS NOT NULL", (jid,)).rowcount:
+                self.db.event(jid, "resumed: %s" % free, c)
+
     def outbox(self, c, jid: str, action: str, args: dict) -> None:
         c.execute("INSERT INTO outbox(job_id, action, args, created_at) VALUES (?,?,?,?)",
                   (jid, action, json.dumps(args), time.time()))
@@ -145,11 +157,13 @@ class StateMachine:
                 if job["state"] == "submitted":
                     self._started_without_lease(c, job, a, r["node"])
             elif ev == "progress" and a["state"] == "started":
-                phase, size = r.get("phase"), r.get("written")
-                grew = phase == "render" and (a["phase"] != "render" or (size or 0) > (a["written"] or 0))
+                phase, size, frames = r.get("phase"), r.get("written"), r.get("frames")
+                grew = phase == "render" and (a["phase"] != "render" or (size or 0) > (a["written"] or 0)
+                                              or (frames or 0) > (a["frames_done"] or 0))
                 c.execute("UPDATE attempts SET last_report_at=?, heard_at=?, elapsed=?, phase=?,"
-                          " written=coalesce(?, written), grew_at=CASE WHEN ? THEN ? ELSE grew_at END WHERE id=?",
-                          (ts, heard, r.get("elapsed"), phase, size, grew, heard, a["id"]))
+                          " written=coalesce(?, written), frames_done=coalesce(?, frames_done),"
+                          " grew_at=CASE WHEN ? THEN ? ELSE grew_at END WHERE id=?",
+                          (ts, heard, r.get("elapsed"), phase, size, frames, grew, heard, a["id"]))
             elif ev == "done":
                 if a["state"] in ("queued", "started"):
                     c.execute("UPDATE attempts SET state='done', finished_at=?, elapsed=? WHERE id=?",
@@ -163,6 +177,7 @@ class StateMachine:
                                json.dumps(r["timings"]) if r.get("timings") else None, jid, idx)).rowcount
                 if n:
                     self._drop_spares(c, jid, idx)
+                    self._charge_too_slow(c, job, idx, r["node"])
                 else:
                     self.db.event(jid, "chunk %d rendered again by %s: ignored, the first one counts"
                                   % (idx, r["node"]), c)
@@ -178,6 +193,29 @@ class StateMachine:
             if row[1]]
         if published:
             self.outbox(c, jid, "revoke", {"ids": published})
+
+    def _charge_too_slow(self, c, job: dict, idx: int, node: str) -> None:
+        """Another node rendered the chunk: the nodes it was too slow on are charged now."""
+        for t in c.execute("SELECT * FROM attempts WHERE job_id=? AND idx=? AND timed_out=1 AND charged=0"
+                           " AND node!=?", (job["id"], idx, node)).fetchall():
+            c.execute("UPDATE attempts SET charged=1 WHERE id=?", (t["id"],))
+            self.db.event(job["id"], "chunk %d attempt %d: %s rendered it in time, so %s was too slow: charged"
+                          % (idx, t["n"], node, t["node"]), c)
+            self._charge(c, job, dict(t), t["error"])
+
+    def job_speed(self, c, job: dict) -> tuple[float, str]:
+        """The job's seconds per frame on one node, and where the figure comes from: the median over its
+        rendered chunks (render seconds / frames) and its renders in progress (elapsed / frames rendered,
+        once past speed_sample_frames), else the estimate (the spec's s_per_frame, or the renderer's)."""
+        jid, least = job["id"], self.s.speed_sample_frames
+        done = [r[0] / r[1] for r in c.execute(
+            "SELECT seconds, last - first + 1 FROM chunks WHERE job_id=? AND state='done' AND seconds > 0", (jid,))]
+        running = [r[0] / r[1] for r in c.execute(
+            "SELECT elapsed, frames_done FROM attempts WHERE job_id=? AND state='started' AND phase='render'"
+            " AND frames_done >= ? AND elapsed > 0", (jid, least))]
+        if done or running:
+            return statistics.median(done + running), "measured on %d chunks, %d rendering" % (len(done), len(running))
+        return self.s.s_per_frame(job["spec"]), "estimated"
 
     def _started_without_lease(self, c, job: dict, a: dict, node: str) -> None:
         """A node took a chunk as the job lost its lease, before its consumer was cancelled: its render
@@ -204,19 +242,24 @@ class StateMachine:
         if r["node"] != a["node"] or a["state"] not in ("started", "lost") or a["charged"] is not None:
             return
         why = "interrupted: %s lost its broker connection mid-render" % r["node"]
+        if r.get("host_full"):
+            why = "interrupted: the host had no room for its parts (%s)" % (r.get("error") or "disk full")[:300]
         with self.db.tx() as c:
+            if r.get("host_full"):
+                self.pause_tx(c, job["id"], why)
             c.execute("UPDATE attempts SET state=CASE state WHEN 'started' THEN 'interrupted' ELSE state END,"
                       " charged=0, error=?, finished_at=coalesce(finished_at, ?) WHERE id=?",
                       (why, r.get("ts"), a["id"]))
             self.db.event(job["id"], "chunk %d attempt %d: %s; not charged" % (a["idx"], a["n"], why), c)
             self.decide_chunk(c, job, a["idx"], LOST_PRIORITY)
 
-    def given_up(self, job: dict, a: dict, why: str) -> None:
-        """The watchdog gave the attempt up (silent, or its render stalled): the node's fault; the revoke
-        goes through the outbox."""
+    def given_up(self, job: dict, a: dict, why: str, *, timed_out: bool = False) -> None:
+        """The watchdog gave the attempt up (silent, or its render stalled: the node's fault; or too slow:
+        README "Time limits that learn"); the revoke goes through the outbox."""
         with self.db.tx() as c:
             self.outbox(c, job["id"], "revoke", {"ids": [a["id"]]})
-            self.attempt_failed(c, job, a, {"event": "lost", "ts": time.time(), "error": why, "silent": True})
+            self.attempt_failed(c, job, a, {"event": "lost", "ts": time.time(), "error": why, "silent": True,
+                                            "timed_out": timed_out})
 
     def attempt_failed(self, c, job: dict, a: dict, r: dict) -> None:
         """Records a failed or lost attempt and, in the same transaction, what follows from it (a
@@ -224,20 +267,25 @@ class StateMachine:
         jid, idx, ev, now = job["id"], a["idx"], r["event"], time.time()
         node = a["node"] if ev == "lost" else r["node"]   # lost: the node that started it, not the one that saw it
         why = r.get("error") or LOST
-        if ev == "failed" or r.get("silent") or not node:
+        timed_out = bool(r.get("timed_out"))
+        if timed_out:       # charged once another node renders it; too slow on two nodes: the job's own fault
+            charged, excuse = 0, None
+        elif ev == "failed" or r.get("silent") or not node:
             charged, excuse = (1 if node else 0), None
         else:
             excuse = self._excuse(a, now)
             charged = 0 if excuse else None                 # None: waits excuse_wait_s for its node's word
-        c.execute("UPDATE attempts SET state=?, finished_at=?, error=?, node=coalesce(node, ?), charged=?, lost_at=?"
-                  " WHERE id=?", (ev, r.get("ts"), why + ("; not charged: " + excuse if excuse else ""), node,
-                                  charged, now, a["id"]))
+        c.execute("UPDATE attempts SET state=?, finished_at=?, error=?, node=coalesce(node, ?), charged=?, lost_at=?,"
+                  " timed_out=? WHERE id=?", (ev, r.get("ts"), why + ("; not charged: " + excuse if excuse else ""),
+                                              node, charged, now, int(timed_out), a["id"]))
         chunk = dict(c.execute("SELECT * FROM chunks WHERE job_id=? AND idx=?", (jid, idx)).fetchone())
         if chunk["state"] == "done":
             return
         self.db.event(jid, "chunk %d attempt %d on %s: %s%s" % (
             idx, a["n"], node or "?", why, "; not charged: " + excuse if excuse else
-            "; charged to the node" if charged else "; waiting for the node's word before charging it"), c)
+            "; charged to the node" if charged else
+            "; charged only if another node renders it in time" if timed_out else
+            "; waiting for the node's word before charging it"), c)
         if charged:
             self._charge(c, job, {**a, "node": node}, why)
         self.decide_chunk(c, job, idx, LOST_PRIORITY if ev == "lost" else 0)
@@ -263,14 +311,24 @@ class StateMachine:
         if c.execute("SELECT state FROM jobs WHERE id=?", (jid,)).fetchone()[0] not in LIVE:
             return
         chunk = dict(c.execute("SELECT * FROM chunks WHERE job_id=? AND idx=?", (jid, idx)).fetchone())
-        tried = [dict(t) for t in c.execute("SELECT n, node, state, error, charged FROM attempts WHERE job_id=?"
-                                            " AND idx=? ORDER BY n", (jid, idx))]
+        tried = [dict(t) for t in c.execute("SELECT n, node, state, error, charged, timed_out FROM attempts"
+                                            " WHERE job_id=? AND idx=? ORDER BY n", (jid, idx))]
         if chunk["state"] != "queued" or any(t["state"] in ("queued", "started") for t in tried):
             return
         charged = sum(1 for t in tried if t["charged"] == 1)
         undecided = sum(1 for t in tried if t["charged"] is None and t["state"] == "lost")
+        too_slow = sorted({t["node"] for t in tried if t["timed_out"] and t["node"]})
         reason = None
-        if charged >= self.s.attempts:
+        if len(too_slow) >= 2:
+            speed, source = self.job_speed(c, job)
+            reason = ("chunk %d (frames %d-%d, %d frames) was too slow on %s: this job renders at %.3f s a frame"
+                      " (%s), so the chunk's limit is %.0f s (chunk_limit_floor_s + chunk_limit_factor x its"
+                      " frames x that, at most chunk_limit_cap_s %g); the composition is the slow part, no node is"
+                      " charged. Give the job a larger s_per_frame, or raise chunk_limit_cap_s" % (
+                          idx, chunk["first"], chunk["last"], chunk["last"] - chunk["first"] + 1,
+                          " and ".join(too_slow), speed, source,
+                          self.s.time_limit_s(chunk["last"] - chunk["first"] + 1, speed), self.s.chunk_limit_cap_s))
+        elif charged >= self.s.attempts:
             reason = "chunk %d (frames %d-%d) failed %d attempts (the cap)" % (
                 idx, chunk["first"], chunk["last"], charged)
         elif len(tried) >= self.s.attempts + self.s.excused_attempts:
@@ -307,19 +365,40 @@ class StateMachine:
     def failed_nodes(self, jid: str, idx: int) -> list[str]:
         """The nodes charged with a failure of this chunk."""
         return sorted({r["node"] for r in self.db.rows(
-            "SELECT node FROM attempts WHERE job_id=? AND idx=? AND charged=1 AND node IS NOT NULL", (jid, idx))})
+            "SELECT node FROM attempts WHERE job_id=? AND idx=? AND (charged=1 OR timed_out=1) AND node IS NOT NULL",
+            (jid, idx))})
 
-    def stuck(self, job: dict, now: float, up_for: float) -> list[tuple[dict, str]]:
-        """Started attempts to give up, and why: not heard of for silent_after_s (its reports cannot get
-        out), or in the render phase with no byte written for stall_after_s (a hung render). Each check
-        only once the coordinator has been up and connected that long (the clocks are its own, and the
-        reports of a coordinator that was away wait in the queue). Queued ones wait however long."""
+    def stuck(self, job: dict, now: float, up_for: float) -> list[tuple[dict, str, bool]]:
+        """Started attempts to give up, why, and whether as too slow: not heard of for silent_after_s (its
+        reports cannot get out), in the render phase with neither a frame rendered nor a byte written
+        for stall_after_s (a hung render), or rendering for longer than the job's measured speed allows
+        (time_limit_s). Each check only once the coordinator has been up and connected that long (the
+        clocks are its own, and the reports of a coordinator that was away wait in the queue). Queued
+        ones wait however long."""
         quiet, stall, out = self.s.silent_after_s, self.s.stall_after_s, []
-        for a in self.db.rows("SELECT * FROM attempts WHERE job_id=? AND state='started'", (job["id"],)):
+        started = self.db.rows("SELECT a.*, c.first, c.last FROM attempts a JOIN chunks c ON c.job_id=a.job_id"
+                               " AND c.idx=a.idx WHERE a.job_id=? AND a.state='started'", (job["id"],))
+        speed = None
+        for a in started:
             heard = a["heard_at"] or a["started_at"]
+            frames = a["last"] - a["first"] + 1
             if up_for >= quiet and heard < now - quiet:
-                out.append((a, "silent for %.0f s (silent_after_s %g): given up, revoked" % (now - heard, quiet)))
-            elif up_for >= stall and a["phase"] == "render" and a["grew_at"] and a["grew_at"] < now - stall:
-                out.append((a, "its render wrote nothing for %.0f s (stall_after_s %g; %d bytes so far): a hung"
-                               " render, given up, revoked" % (now - a["grew_at"], stall, a["written"] or 0)))
+                out.append((a, "silent for %.0f s (silent_after_s %g): given up, revoked" % (now - heard, quiet),
+                            False))
+                continue
+            if a["phase"] == "render" and a["elapsed"]:
+                if speed is None:
+                    with self.db.tx() as c:
+                        speed = self.job_speed(c, job)
+                limit = self.s.time_limit_s(frames, speed[0])
+                if a["elapsed"] > limit:
+                    out.append((a, "too slow: %.0f s for %d of %d frames, where this job renders at %.3f s a frame"
+                                   " (%s): limit %.0f s; given up, revoked" % (
+                                       a["elapsed"], a["frames_done"] or 0, frames, speed[0], speed[1], limit), True))
+                    continue
+            if up_for >= stall and a["phase"] == "render" and a["grew_at"] and a["grew_at"] < now - stall:
+                out.append((a, "its render made no progress for %.0f s (stall_after_s %g; %d of %d frames"
+                               " rendered, %d bytes of parts): a hung render, given up, revoked"
+                               % (now - a["grew_at"], stall, a["frames_done"] or 0, frames, a["written"] or 0),
+                           False))
         return out

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import socket
 import threading
 import time
@@ -87,13 +88,17 @@ def report(event: str, **fields) -> None:
 
 
 def _ticker(stop: threading.Event, t0: float, ids: dict, where: dict) -> None:
-    """Progress as the render makes it: its phase, and in the render phase the bytes of its parts
-    written so far (the coordinator abandons a render whose output stops growing)."""
+    """Progress as the render makes it: its phase, and in the render phase the frames the renderer
+    says it has rendered and the bytes of its parts in the work directory (the coordinator abandons a
+    render when neither advances)."""
     while not stop.wait(here.settings.progress_interval_s):
         phase = where.get("phase")
-        grown = media.written(where["workdir"], ids["index"]) if phase == "render" else None
+        frames = grown = None
+        if phase == "render":
+            frames = media.frames_done(where.get("progress"))
+            grown = media.written(where["workdir"], ids["index"])
         try:
-            report("progress", elapsed=time.time() - t0, phase=phase, written=grown, **ids)
+            report("progress", elapsed=time.time() - t0, phase=phase, frames=frames, written=grown, **ids)
         except Exception:   # a missed progress report only ages the chunk in `farm status`
             pass
 
@@ -216,9 +221,9 @@ def render(self, job: str, index: int, *, first: int, last: int, spec: dict, avo
         out = _render(job, index, first, last, worker_spec(spec, s), timings=timings, where=where)
     except SoftTimeLimitExceeded:
         stop.set()
-        report("failed", error="took longer than its time limit, %.0f s (chunk_limit_floor_s + chunk_limit_factor x"
-               " the estimate): a slow composition needs a larger s_per_frame in its spec" % (
-                   (self.request.timelimit or (None, None))[1] or 0), elapsed=time.time() - t0, timings=timings, **ids)
+        report("failed", error="too slow: took longer than the workers' time limit, %.0f s (chunk_limit_cap_s)" % (
+                   (self.request.timelimit or (None, None))[1] or 0), timed_out=True, elapsed=time.time() - t0,
+               timings=timings, **ids)
         return
     except Exception as e:
         stop.set()
@@ -243,8 +248,10 @@ def _render(job: str, index: int, first: int, last: int, spec: dict, *, timings:
     workdir = parts / job
     workdir.mkdir(parents=True, exist_ok=True)
     t = time.monotonic()
-    where.update(workdir=workdir, phase="render")
-    out = media.render_chunk(spec, index, first, last, workdir)
+    progress = media.progress_path(Path(s.cache_dir) / "progress", index, "%s.%s" % (job, secrets.token_hex(4)))
+    progress.parent.mkdir(parents=True, exist_ok=True)
+    where.update(workdir=workdir, progress=progress, phase="render")
+    out = media.render_chunk(spec, index, first, last, workdir, progress=progress)
     where["phase"] = "upload" if host else "done"
     timings["render_s"] = round(time.monotonic() - t, 3)
     files = {k: Path(out[k]) for k in ("video", "audio")}

@@ -33,6 +33,10 @@ class TransportError(RuntimeError):
     pass
 
 
+class HostFull(TransportError):
+    """The host has no room for the part (507): the host's fault, not the node's."""
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -157,5 +161,7 @@ class Host:
                                   headers={"X-Content-SHA256": digest})
         except httpx.HTTPError as e:
             raise TransportError(f"upload of {job}/{path.name}: {type(e).__name__}: {e}") from e
+        if r.status_code == 507:
+            raise HostFull(f"upload of {job}/{path.name}: {r.text[:300]}")
         if r.status_code >= 300:
             raise TransportError(f"upload of {job}/{path.name}: the host answered {r.status_code}: {r.text[:300]}")
