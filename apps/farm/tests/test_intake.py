@@ -131,7 +131,7 @@ def test_a_job_whose_parts_would_not_fit_above_the_floor_is_refused(s):
     free = free_gib(s.parts_dir)
     frames = int((free + 1) * 2**30 / (1280 * 720 * s.part_bytes_per_pixel * 2)) + 1
     huge = {**SPEC, "frames": frames, "width": 1280, "height": 720}
-    with pytest.raises(ValueError, match="needs about .* GiB for its parts and output"):
+    with pytest.raises(ValueError, match=r"needs about .* GiB for its parts and output"):
         submit(s, huge, "huge.mp4", ["vca-node0"])
     assert jobs(s) == []
     submit(s, {**huge, "frames": 900}, "small.mp4", ["vca-node0"])

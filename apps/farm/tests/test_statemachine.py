@@ -82,7 +82,7 @@ def test_a_render_whose_frames_advance_is_not_stalled_though_it_writes_no_byte(t
     got = db.one("SELECT frames_done FROM attempts WHERE id=?", (a,))
     assert got["frames_done"] == 7
     db.c.execute("UPDATE attempts SET grew_at=grew_at-? WHERE id=?", (long_ago, a))
-    (hung, why, timed_out), = sm.stuck(db.job(jid), time.time(), up_for=1e6)
+    (_, why, timed_out), = sm.stuck(db.job(jid), time.time(), up_for=1e6)
     assert "no progress" in why and "7 of 10 frames" in why and not timed_out
 
 

@@ -108,6 +108,23 @@ def test_the_example_renders_on_three_nodes_with_exact_audio():
     assert int(frames) == 90
 
 
+def test_a_remotion_chunk_longer_than_the_stall_window_is_done_and_charges_no_node():
+    """Remotion writes a chunk's output only at its end: a chunk that renders for longer than
+    stall_after_s (20 s here) is seen progressing by its frames, not given up as hung."""
+    stall = 20
+    run = HOST.run("farm submit --project /var/lib/farm/examples/hello --composition Hello --out long.mp4"
+                   " --nodes vca-node0 --props %s" % shlex.quote(json.dumps({"frames": 900})))
+    assert run.rc == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    v = status(run.stdout.split()[0])
+    assert v["job"]["state"] == "done", v["job"]["reason"]
+    assert [(c["first"], c["last"]) for c in v["chunks"]] == [(0, 899)]
+    render_s = v["chunks"][0]["timings"]["render_s"]
+    assert render_s > stall, "the chunk rendered in %.1f s, within the stall window: nothing was shown" % render_s
+    assert v["retries"] == 0 and v["failures"] == {}, (v["retries"], v["failures"], v["events"])
+    print("\nRemotion chunk of 900 frames: %.1f s of render, stall_after_s %d: done, no node charged"
+          % (render_s, stall))
+
+
 def rendering(job: str, deadline: float) -> dict:
     """A chunk of the job being rendered, once one is."""
     while True:

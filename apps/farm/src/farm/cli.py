@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from rich.console import Console, Group
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.progress_bar import ProgressBar
 from rich.table import Table
@@ -55,6 +56,8 @@ def render_status(v: dict):
     job = v["job"]
     head = Table.grid(padding=(0, 2))
     head.add_row("job", "%s  [bold]%s[/]%s" % (job["id"], job["state"], "  " + job["reason"] if job["reason"] else ""))
+    if job.get("paused"):
+        head.add_row("paused", escape(job["paused"]))
     done = sum(1 for c in v["chunks"] if c["state"] == "done")
     head.add_row("progress", ProgressBar(total=job["frames"], completed=v["doneFrames"], width=40))
     head.add_row("", "%.0f / %d frames, %d / %d chunks" % (v["doneFrames"], job["frames"], done, len(v["chunks"])))

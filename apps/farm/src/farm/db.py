@@ -165,7 +165,9 @@ class DB:
             elif a:
                 ch["node"], ch["age"] = a["node"], now - (a["last_report_at"] or a["started_at"])
                 ch["state"] = "stale" if ch["age"] > stale_after_s else "rendering"
-                if mean and ch["state"] == "rendering":   # an estimate from the chunks already done
+                if a["frames_done"]:                      # what its renderer says
+                    ch["fraction"] = min(0.99, a["frames_done"] / size)
+                elif mean and ch["state"] == "rendering":   # an estimate from the chunks already done
                     ch["fraction"] = min(0.95, (a["elapsed"] or 0.0) / (mean * size))
             done_frames += ch["fraction"] * size
         failures = self.rows("SELECT node, count(*) AS n FROM node_failures WHERE job_id=? GROUP BY node", (job_id,))
