@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageDraw
+from PIL import Image, ImageChops, ImageDraw
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -71,7 +71,8 @@ def render(variant: str, overrides: dict | None = None, out_dir: Path = CACHE) -
         return stl
     openscad = shutil.which("openscad")
     if openscad is None:
-        raise ShroudError("openscad is not on PATH: install Debian's openscad (scripts/host-packages.txt)")
+        raise ShroudError("openscad is not on PATH: install Debian's openscad (scripts/bootstrap-host.sh unit, "
+                          "which reads scripts/host-packages.txt)")
     out_dir.mkdir(parents=True, exist_ok=True)
     partial = stl.with_name(".%s.%d.stl" % (stl.stem, os.getpid()))
     defines = [arg for name, value in sorted(overrides.items()) for arg in ("-D", "%s=%s" % (name, value))]
@@ -123,6 +124,8 @@ def preview(stl: Path, png: Path, size: int = 360) -> Path:
             if facing[i]:
                 colour = tuple(int(c) for c in base * shade[i])
                 draw.polygon(list(zip(px[i], py[i], strict=True)), fill=colour, outline=colour)
+    _, top, _, bottom = ImageChops.difference(image, Image.new("RGB", image.size, "white")).getbbox()
+    image = image.crop((0, max(top - 8, 0), image.width, min(bottom + 8, image.height)))
     png.parent.mkdir(parents=True, exist_ok=True)
     image.quantize(colors=64).save(png, optimize=True)
     return png

@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: CC-BY-4.0
+// SPDX-License-Identifier: MIT
 // One 120 mm fan ducted onto the tail end of an Intel VCA 2 (VCA1585LMV). Every dimension
 // is a parameter here; override any of them with `openscad -D name=value` or
 // `python3 shrouds/build.py -D name=value`. Sources are in shrouds/README.md ("Sources").
@@ -41,6 +41,6 @@ bed_z = 250;
 nozzle_width = 0.4;
 max_overhang = 45;     // degrees from vertical that prints without support
 
-$fn = 96;
+$fn = 64;
 
 include <shroud_body.scad>

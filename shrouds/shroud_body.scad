@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: CC-BY-4.0
+// SPDX-License-Identifier: MIT
 // The geometry shared by every shroud variant. Include it AFTER the parameters (see
 // shroud_120.scad): it reads them as globals, checks them, and draws the shroud.
 //
