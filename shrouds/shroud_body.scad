@@ -8,8 +8,10 @@
 // the inlet; with several fans a septum of wall thickness keeps their flows apart, and
 // the valleys between the lofts leave every screw head reachable from above.
 //
-// Wall thickness: the inner lofts are the outer ones inset horizontally by `inset`, chosen
-// so that the thickness perpendicular to the most steeply leaning wall is still `wall`.
+// Wall thickness: each outer loft starts from its bore grown by `inset` and ends at its inlet
+// share grown by `top_gap` (>= inset), so the horizontal gap between inner and outer surface
+// is at least `inset` at every height; `inset` = wall / cos(steepest lean) keeps the thickness
+// square to the most steeply leaning wall at `wall`. tests/test_shrouds.py measures it.
 
 // Most a|ux| + b|uy| reaches over unit vectors u (support of a lozenge-shaped term).
 function max_lin(a, b) = (a > 0 || b > 0) ? sqrt(pow(max(a, 0), 2) + pow(max(b, 0), 2)) : max(a, b);
