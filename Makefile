@@ -8,7 +8,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_FORCE_COLOR ?= 0
 export PY_COLORS ?= 0
 
-.PHONY: lab lab-down report test lint unit molecule image-test fresh-check bootstrap preflight images venv clean
+.PHONY: lab lab-down report test lint unit molecule image-test fresh-check bootstrap preflight images venv shrouds clean
 
 $(VENV)/.installed: requirements.txt
 	python3 -m venv $(VENV)
@@ -66,6 +66,10 @@ image-test: bootstrap venv
 # missing install step fails here, not on the next new machine.
 fresh-check: bootstrap
 	scripts/test-all.sh fresh
+
+# The printable fan shrouds (shrouds/README.md): STLs in build/shrouds/, previews in shrouds/previews/.
+shrouds: venv
+	$(BIN)/python shrouds/build.py
 
 clean:
 	rm -rf build .pytest_cache .ruff_cache

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from ansible.module_utils.vca_sensors import LAB_MARKER
 from ansible.module_utils.vca_thermal import NoThermalSensor, ThermalAbort, ThermalGuard
@@ -51,6 +53,13 @@ def test_hot_at_entry_raises_before_the_sampling_thread_starts():
     with pytest.raises(ThermalAbort):
         guard.__enter__()
     assert guard._thread is None
+
+
+def test_a_hot_node_is_pointed_at_the_fan_shrouds():
+    with pytest.raises(ThermalAbort, match=r"reached 95\.0 C \(limit 90\.0 C\); cooling: .*shrouds/README\.md") as exc:
+        ThermalGuard(read=lambda: 95.0, platform="hardware").__enter__()
+    pointed = re.search(r"(\S+/README\.md)", str(exc.value)).group(1)
+    assert (ROOT / pointed).is_file()
 
 
 def test_platform_is_looked_up_under_the_root_when_not_given(tmp_path):
