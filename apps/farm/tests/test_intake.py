@@ -19,6 +19,7 @@ from farm.coordinator import verified_text
 from farm.db import DB
 from farm.gc import free_gib
 from farm.jobs import resolve_out, submit
+from farm.statemachine import StateMachine
 
 SPEC = {"renderer": "testsrc", "width": 64, "height": 36, "fps": 30, "frames": 120}
 
@@ -86,12 +87,15 @@ def test_the_api_refuses_the_same_and_bounds_uploads(s):
     jid = api.post("/v1/jobs", json={"spec": SPEC, "out": "a.mp4"}).json()["id"]
     assert [j["id"] for j in jobs(s)] == [jid]
     api.headers["Authorization"] = "Bearer worker-secret"
+    StateMachine(s, DB(s.db_path)).running(jid)
+    attempt = DB(s.db_path).one("SELECT id, key FROM attempts WHERE job_id=? AND idx=0", (jid,))
+    mine = {"X-Farm-Attempt": attempt["id"], "X-Farm-Attempt-Key": attempt["key"]}
     big = b"x" * 11
     r = api.put("/v1/jobs/%s/parts/part-00000.ts" % jid, content=big,
-                headers={"X-Content-SHA256": hashlib.sha256(big).hexdigest()})
+                headers={"X-Content-SHA256": hashlib.sha256(big).hexdigest(), **mine})
     assert r.status_code == 413 and "max_part_bytes" in r.json()["error"]
     r = api.put("/v1/jobs/%s/parts/part-00000.ts" % jid, content=iter([b"x" * 6, b"x" * 6]),   # no Content-Length
-                headers={"X-Content-SHA256": hashlib.sha256(b"x" * 12).hexdigest()})
+                headers={"X-Content-SHA256": hashlib.sha256(b"x" * 12).hexdigest(), **mine})
     assert r.status_code == 413
     assert not (Path(s.parts_dir) / jid / "part-00000.ts").exists()
     assert list((Path(s.parts_dir) / jid).iterdir()) == []            # no temporary left either

@@ -19,11 +19,45 @@ def running_job(tmp_path, chunks=2):
                     ["n0", "n1"], plan, frames=10 * chunks, fps=10.0)
     sm = StateMachine(s, db)
     sm.running(jid)
+    real_new_attempt = sm.new_attempt
+
+    def new_attempt(c, *args, **kwargs):
+        aid = real_new_attempt(c, *args, **kwargs)
+        KEYS[aid] = c.execute("SELECT key FROM attempts WHERE id=?", (aid,)).fetchone()[0]
+        return aid
+    sm.new_attempt = new_attempt
+    remember_keys(db)
     return sm, db, jid
 
 
+KEYS: dict[str, str] = {}     # attempt id -> its key, as its message carried it to the node
+
+
 def report(jid, attempt, event, node, **more):
-    return {"event": event, "job": jid, "attempt": attempt, "node": node, "ts": time.time(), **more}
+    return {"event": event, "job": jid, "attempt": attempt, "node": node, "ts": time.time(),
+            "key": KEYS.get(attempt), **more}
+
+
+def remember_keys(db):
+    KEYS.update({a["id"]: a["key"] for a in db.rows("SELECT id, key FROM attempts")})
+
+
+def test_a_report_without_the_attempts_key_or_from_another_node_is_refused(tmp_path):
+    """The key went out in the attempt's message alone: another node cannot mark it done, or lost
+    so that its node is charged; once started, only its node reports on it."""
+    sm, db, jid = running_job(tmp_path)
+    a0 = db.one("SELECT id FROM attempts WHERE job_id=? AND idx=0", (jid,))["id"]
+    sm.apply(report(jid, a0, "started", "n0"))
+    parts = {"video": "%s/part-00000.ts" % jid, "audio": "%s/part-00000.wav" % jid}
+    sm.apply({**report(jid, a0, "done", "n1", **parts), "key": None})          # no key
+    sm.apply({**report(jid, a0, "lost", "n1"), "key": "guessed"})               # a wrong key
+    sm.apply(report(jid, a0, "done", "n1", **parts))                            # the key, not its node
+    got = db.one("SELECT * FROM attempts WHERE id=?", (a0,))
+    assert got["state"] == "started" and db.rows("SELECT * FROM node_failures") == []
+    refused = [e["text"] for e in db.rows("SELECT text FROM events WHERE job_id=?", (jid,)) if "refused" in e["text"]]
+    assert len(refused) == 3 and "without the attempt's key" in refused[0] and "n0's" in refused[2], refused
+    sm.apply(report(jid, a0, "done", "n0", **parts))
+    assert db.one("SELECT state FROM chunks WHERE job_id=? AND idx=0", (jid,))["state"] == "done"
 
 
 def test_a_chunk_a_node_took_as_the_lease_was_lost_is_stopped_and_queued_again(tmp_path):

@@ -23,6 +23,7 @@ from farm.api import build
 from farm.config import load
 from farm.db import DB
 from farm.remotion import tree_hash
+from farm.statemachine import StateMachine
 from farm.transport import Host, TransportError, extract
 
 SPEC = {"renderer": "testsrc", "width": 320, "height": 180, "fps": 30, "frames": 120}
@@ -134,15 +135,24 @@ def test_a_crafted_bundle_is_refused_and_leaves_nothing(tmp_path):
 
 
 def test_a_part_is_uploaded_whole_and_a_second_upload_replaces_it(host, tmp_path):
-    jid = DB(host.settings.db_path).submit(SPEC, "a.mp4", ["vca-node0"], [(0, 0, 119)], frames=120, fps=30)
+    db = DB(host.settings.db_path)
+    jid = db.submit(SPEC, "a.mp4", ["vca-node0"], [(3, 0, 59), (4, 60, 119)], frames=120, fps=30)
+    StateMachine(host.settings, db).running(jid)
+    mine, other = db.rows("SELECT id, key FROM attempts WHERE job_id=? ORDER BY idx", (jid,))
     part = tmp_path / "part-00003.ts"
     part.write_bytes(os.urandom(300000))
-    host.upload(jid, part)
+    host.upload(jid, part, attempt=mine["id"], key=mine["key"])
     landed = Path(host.settings.parts_dir) / jid / "part-00003.ts"
     assert landed.read_bytes() == part.read_bytes()
     part.write_bytes(b"second")
-    host.upload(jid, part)
+    host.upload(jid, part, attempt=mine["id"], key=mine["key"])
     assert landed.read_bytes() == b"second"
     assert sorted(p.name for p in landed.parent.iterdir()) == ["part-00003.ts"]   # no temporary left
     with pytest.raises(TransportError, match=r"upload of nojob/part-00003.ts: the host answered 409"):
-        host.upload("nojob", part)
+        host.upload("nojob", part, attempt=mine["id"], key=mine["key"])
+    # a part is its attempt's: another chunk's key, a wrong key, or no attempt cannot write it
+    part.write_bytes(b"forged")
+    for attempt, key in ((other["id"], other["key"]), (mine["id"], "x" * 24), ("nope", mine["key"])):
+        with pytest.raises(TransportError, match="answered 403"):
+            host.upload(jid, part, attempt=attempt, key=key)
+    assert landed.read_bytes() == b"second"

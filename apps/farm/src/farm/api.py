@@ -21,6 +21,7 @@ import hashlib
 import hmac
 import ipaddress
 import json
+import logging
 import os
 import secrets
 import socket
@@ -37,6 +38,7 @@ from farm.config import Settings
 from farm.db import DB, LIVE
 from farm.jobs import check_nodes, project_spec, submit
 
+log = logging.getLogger("farm.api")
 SUBMIT_KEYS = {"spec", "project", "composition", "props", "out", "nodes", "verify", "s_per_frame"}
 
 
@@ -109,15 +111,8 @@ def build(s: Settings, token: str, worker_token: str | None = None, metrics_toke
             return denied
         jid, name = request.path_params["id"], request.path_params["name"]
         want = request.headers.get("x-content-sha256", "").lower()
-        if not transport.PART.fullmatch(name):
-            return error(400, "a part is named part-NNNNN.ts or part-NNNNN.wav")
-        if not transport.HASH.fullmatch(want):
-            return error(400, "X-Content-SHA256 (64 hex digits) required")
-        job = db.job(jid)
-        if job is None or job["state"] not in LIVE:
-            return error(409, "job %s is %s" % (jid, job["state"] if job else "unknown"))
-        if int(request.headers.get("content-length") or 0) > s.max_part_bytes:
-            return error(413, "a part is at most max_part_bytes (%d bytes)" % s.max_part_bytes)
+        if refusal := _part_refused(db, s, jid, name, request.headers):
+            return refusal
         return await _store_part(request, Path(s.parts_dir) / jid, name, want, s.max_part_bytes)
 
     async def prometheus(request: Request):
@@ -148,6 +143,39 @@ async def _submit(s: Settings, body) -> str:
         raise ValueError("spec, or project and composition")
     return submit(s, spec, body["out"], nodes, verify=bool(body.get("verify")), timings=timings,
                   made_here="spec" not in body, s_per_frame=body.get("s_per_frame"))
+
+
+def _part_refused(db: DB, s: Settings, jid: str, name: str, headers) -> JSONResponse | None:
+    """The answer to a part upload that is refused before its body is read, or None."""
+    if not transport.PART.fullmatch(name):
+        return error(400, "a part is named part-NNNNN.ts or part-NNNNN.wav")
+    if not transport.HASH.fullmatch(headers.get("x-content-sha256", "").lower()):
+        return error(400, "X-Content-SHA256 (64 hex digits) required")
+    job = db.job(jid)
+    if job is None or job["state"] not in LIVE:
+        return error(409, "job %s is %s" % (jid, job["state"] if job else "unknown"))
+    if why := _not_the_attempts_part(db, jid, name, headers):
+        log.warning("part upload %s/%s refused: %s", jid, name, why)
+        return error(403, why)
+    if int(headers.get("content-length") or 0) > s.max_part_bytes:
+        return error(413, "a part is at most max_part_bytes (%d bytes)" % s.max_part_bytes)
+    return None
+
+
+def _not_the_attempts_part(db: DB, jid: str, name: str, headers) -> str | None:
+    """Why this upload is not the part of an attempt its sender holds, or None: the attempt named in
+    X-Farm-Attempt must be this job's, of this part's chunk, started, and X-Farm-Attempt-Key its key
+    (which went out in its message alone). Started or queued: its `started` may not be applied yet."""
+    a = db.one("SELECT idx, state, key FROM attempts WHERE id=? AND job_id=?", (headers.get("x-farm-attempt", ""), jid))
+    if a is None:
+        return "X-Farm-Attempt names no attempt of job %s" % jid
+    if not a["key"] or not hmac.compare_digest(headers.get("x-farm-attempt-key", "").encode(), a["key"].encode()):
+        return "X-Farm-Attempt-Key is not the attempt's key"
+    if name.split(".", maxsplit=1)[0] != "part-%05d" % a["idx"]:
+        return "attempt %s renders chunk %d, not %s" % (headers.get("x-farm-attempt"), a["idx"], name)
+    if a["state"] not in ("queued", "started"):      # queued: its `started` report may not be applied yet
+        return "attempt %s is %s" % (headers.get("x-farm-attempt"), a["state"])
+    return None
 
 
 async def _store_part(request: Request, folder: Path, name: str, want: str, limit: int) -> JSONResponse:

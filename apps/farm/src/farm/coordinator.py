@@ -258,10 +258,11 @@ class Coordinator:
         README "Time limits that learn") and the nodes it should avoid."""
         if job.get("paused"):       # the host's disk is full: nothing goes out until it has room again
             return
-        for a in self.db.rows("SELECT a.id, a.idx, a.priority, c.first, c.last FROM attempts a JOIN chunks c"
+        for a in self.db.rows("SELECT a.id, a.idx, a.priority, a.key, c.first, c.last FROM attempts a JOIN chunks c"
                               " ON c.job_id=a.job_id AND c.idx=a.idx WHERE a.job_id=? AND a.published=0"
                               " AND a.state='queued' ORDER BY a.n, a.idx", (job["id"],)):
-            kwargs = {"job": job["id"], "index": a["idx"], "first": a["first"], "last": a["last"], "spec": job["spec"]}
+            kwargs = {"job": job["id"], "index": a["idx"], "first": a["first"], "last": a["last"], "spec": job["spec"],
+                      "key": a["key"]}
             avoid = self._avoid(job, a["idx"])
             if avoid:
                 kwargs["avoid"] = avoid

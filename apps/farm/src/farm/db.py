@@ -59,7 +59,10 @@ CREATE INDEX IF NOT EXISTS events_job ON events(job_id, at);
 ADDED = [("jobs", "timings", "TEXT"), ("chunks", "timings", "TEXT"), ("attempts", "avoid", "TEXT"),
          ("attempts", "heard_at", "REAL"), ("attempts", "charged", "INTEGER"), ("attempts", "lost_at", "REAL"),
          ("attempts", "phase", "TEXT"), ("attempts", "written", "INTEGER"), ("attempts", "grew_at", "REAL"),
-         ("attempts", "frames_done", "INTEGER"), ("attempts", "timed_out", "INTEGER"), ("jobs", "paused", "TEXT")]
+         ("attempts", "frames_done", "INTEGER"), ("attempts", "timed_out", "INTEGER"), ("jobs", "paused", "TEXT"),
+         ("attempts", "key", "TEXT")]
+# attempts.key: a secret that goes out in the attempt's message alone: only the node that took it can report
+# on it or upload its parts (README "Reports belong to an attempt")
 # jobs.paused: why the job publishes no chunk now (the host's disk is full); cleared when space is back
 # attempts.timed_out: given up as too slow for the job's measured speed (or the workers' cap). Charged to its
 # node only once another node renders the chunk; a chunk too slow on two nodes fails the job instead.

@@ -7,7 +7,9 @@ Whose fault a lost attempt is: README "Whose fault"."""
 
 from __future__ import annotations
 
+import hmac
 import json
+import secrets
 import statistics
 import time
 from pathlib import Path
@@ -52,8 +54,8 @@ class StateMachine:
         n = c.execute("UPDATE chunks SET attempts=attempts+1 WHERE job_id=? AND idx=? RETURNING attempts",
                       (jid, idx)).fetchone()[0]
         aid = "%s.%d.%d" % (jid, idx, n)
-        c.execute("INSERT INTO attempts(id, job_id, idx, n, priority, created_at) VALUES (?,?,?,?,?,?)",
-                  (aid, jid, idx, n, priority, time.time()))
+        c.execute("INSERT INTO attempts(id, job_id, idx, n, priority, created_at, key) VALUES (?,?,?,?,?,?,?)",
+                  (aid, jid, idx, n, priority, time.time(), secrets.token_urlsafe(18)))
         return aid
 
     def running(self, jid: str) -> None:
@@ -144,8 +146,16 @@ class StateMachine:
         # submitted too: a job that lost its lease still hears what its nodes did before they stopped
         if job is None or a is None or job["state"] not in LIVE:
             return
+        if why := self.not_its_own(a, r):
+            with self.db.tx() as c:
+                self.db.event(job["id"], "a %s report of chunk %d attempt %d from %s refused: %s"
+                              % (r.get("event"), a["idx"], a["n"], r.get("node"), why), c)
+            return
         if r.get("event") == "interrupted":
             return self._interrupted(job, a, r)
+        return self._apply(job, a, r)
+
+    def _apply(self, job: dict, a: dict, r: dict) -> None:
         ev, ts, jid, idx = r["event"], r.get("ts", time.time()), job["id"], a["idx"]
         if ev == "done" and (bad := self._bad_parts(jid, idx, r)):
             r, ev = {**r, "event": "failed", "error": bad}, "failed"
@@ -183,6 +193,17 @@ class StateMachine:
                                   % (idx, r["node"]), c)
             elif ev in ("failed", "lost") and a["state"] in ("queued", "started"):
                 self.attempt_failed(c, job, a, r)
+
+    @staticmethod
+    def not_its_own(a: dict, r: dict) -> str | None:
+        """Why a report cannot be the attempt's own, or None. It must carry the attempt's key (in its
+        message only: the node that took it), and once started it is the starting node's; `lost` comes
+        from whichever node the broker handed the message to again, with the same key."""
+        if a["key"] and not hmac.compare_digest(str(r.get("key") or ""), a["key"]):
+            return "without the attempt's key"
+        if r.get("event") not in ("started", "lost") and a["node"] and r.get("node") != a["node"]:
+            return "the attempt is %s's" % a["node"]
+        return None
 
     def _drop_spares(self, c, jid: str, idx: int) -> None:
         """The chunk is done: a re-run still queued for it (its render was given up, or stopped when the

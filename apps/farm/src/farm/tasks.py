@@ -197,8 +197,9 @@ class RenderTask(app.Task):
 
 @app.task(name="farm.render", bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
           base=RenderTask)
-def render(self, job: str, index: int, *, first: int, last: int, spec: dict, avoid=None, held: int = 0) -> None:
-    ids = {"job": job, "index": index, "attempt": self.request.id}
+def render(self, job: str, index: int, *, first: int, last: int, spec: dict, avoid=None, held: int = 0,
+           key: str | None = None) -> None:
+    ids = {"job": job, "index": index, "attempt": self.request.id, "key": key}
     s = here.settings
     if self.request.delivery_info.get("redelivered"):
         report("lost", **ids)
@@ -210,7 +211,7 @@ def render(self, job: str, index: int, *, first: int, last: int, spec: dict, avo
     # message, which nothing gives up.
     if here.node in (avoid or ()) and held * s.avoid_hold_s < s.silent_after_s and _put_back(
             self.request, {"job": job, "index": index, "first": first, "last": last, "spec": spec,
-                           "avoid": avoid, "held": held}):
+                           "avoid": avoid, "held": held, "key": key}):
         time.sleep(s.avoid_hold_s)
         return
     report("started", first=first, last=last, **ids)
@@ -218,7 +219,7 @@ def render(self, job: str, index: int, *, first: int, last: int, spec: dict, avo
     ticker = threading.Thread(target=_ticker, args=(stop, t0, ids, where), daemon=True)
     ticker.start()
     try:
-        out = _render(job, index, first, last, worker_spec(spec, s), timings=timings, where=where)
+        out = _render(job, index, first, last, worker_spec(spec, s), timings=timings, where=where, ids=ids)
     except SoftTimeLimitExceeded:
         stop.set()
         report("failed", error="too slow: took longer than the workers' time limit, %.0f s (chunk_limit_cap_s)" % (
@@ -236,7 +237,8 @@ def render(self, job: str, index: int, *, first: int, last: int, spec: dict, avo
            elapsed=time.time() - t0, video=out["video"], audio=out["audio"], timings=timings, **ids)
 
 
-def _render(job: str, index: int, first: int, last: int, spec: dict, *, timings: dict, where: dict) -> dict:
+def _render(job: str, index: int, first: int, last: int, spec: dict, *, timings: dict, where: dict,
+            ids: dict) -> dict:
     """render_chunk's result, its parts where the host reads them: video and audio relative to the
     host's parts_dir (the host mounts the share maybe elsewhere, or the parts were uploaded there)."""
     s, host = here.settings, _host()
@@ -259,7 +261,7 @@ def _render(job: str, index: int, first: int, last: int, spec: dict, *, timings:
         t = time.monotonic()
         try:
             for f in files.values():
-                host.upload(job, f)
+                host.upload(job, f, attempt=ids["attempt"], key=ids["key"])
         finally:                    # uploaded or not, the node keeps no parts
             for f in files.values():
                 f.unlink(missing_ok=True)

@@ -151,14 +151,16 @@ class Host:
                 p.rename(gone)       # out of sight at once: never a half-deleted bundle under its name
                 shutil.rmtree(gone, ignore_errors=True)
 
-    def upload(self, job: str, path: Path) -> None:
-        """PUT the part under its name; the host checks X-Content-SHA256 and replaces it whole."""
+    def upload(self, job: str, path: Path, *, attempt: str, key: str | None) -> None:
+        """PUT the part under its name; the host checks X-Content-SHA256 and that the attempt's key is
+        the one its message carried (README "Reports belong to an attempt"), and replaces it whole."""
         path = Path(path)
         digest = sha256_file(path)
         try:
             with open(path, "rb") as f:
                 r = self.http.put(f"/v1/jobs/{job}/parts/{path.name}", content=f,
-                                  headers={"X-Content-SHA256": digest})
+                                  headers={"X-Content-SHA256": digest, "X-Farm-Attempt": attempt,
+                                           "X-Farm-Attempt-Key": key or ""})
         except httpx.HTTPError as e:
             raise TransportError(f"upload of {job}/{path.name}: {type(e).__name__}: {e}") from e
         if r.status_code == 507:
