@@ -106,6 +106,19 @@ def test_a_render_that_writes_nothing_until_its_end_is_not_given_up_while_its_fr
     assert max(a["frames_done"] or 0 for a in farm.attempts(job_id)) >= 50     # frames came in the reports
 
 
+def test_a_chunk_whose_start_could_not_be_reported_goes_back_and_the_job_ends(make_farm):
+    """Unreported, the attempt would stay queued with no message behind it and the job run for ever: the
+    worker returns the message to the queue, the broker re-delivers it, and the chunk is rendered."""
+    farm = make_farm()
+    farm.start_workers(FARM_TEST_STARTED_FAILS=str(farm.root / "started-failed"))
+    farm.start_coordinator()
+    job_id = farm.submit(frames=60)
+    job = farm.wait_state(job_id, ("done", "failed"), timeout=240)
+    assert job["state"] == "done", job["reason"]
+    assert (farm.root / "started-failed").exists()
+    assert_every_chunk_once(farm, job_id)
+
+
 def test_a_report_that_could_not_be_applied_is_requeued_not_dropped(make_farm):
     """Applying the first two `done` reports fails (a full disk): each goes back to the queue and is
     applied later, so the job ends without waiting out silent_after_s and without a retry."""

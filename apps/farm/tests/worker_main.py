@@ -13,6 +13,7 @@ FARM_TEST_RECORD=PATH  each render appends {"index", "spec"} (the spec render_ch
 FARM_TEST_BROKEN_ONCE=PATH  a render fails while PATH does not exist (the failure makes it)
 FARM_TEST_PUT_BACK_FAILS=1  the broker refuses this node's copy of a chunk it puts back (tasks._put_back)
 FARM_TEST_PUT_BACK_RECORD=PATH  each copy this node puts back appends its send_task options to PATH, a line
+FARM_TEST_STARTED_FAILS=PATH  the first `started` report fails to publish while PATH does not exist (it is made then)
 """
 
 import json
@@ -57,6 +58,10 @@ def render_chunk(spec, index, first, last, workdir, **kw):
 
 
 def report(event, **fields):
+    once = os.environ.get("FARM_TEST_STARTED_FAILS")
+    if once and event == "started" and not os.path.exists(once):
+        Path(once).touch()
+        raise ConnectionError("injected: `started` cannot be published")
     marker = os.environ.get("FARM_TEST_SILENT")
     if marker and event == "started" and not os.path.exists(marker):
         Path(marker).touch()

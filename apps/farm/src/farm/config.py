@@ -80,6 +80,7 @@ class Settings:
     join_workers: int = 2                 # joins (and their verify) at once, each a process of its own
     poll_interval_s: float = 0.5
     report_retry_s: float = 1.0           # a report that could not be applied goes back to the queue after this
+    report_tries: int = 30                # and is dropped (logged) after this many failed applies
     reconcile_interval_s: float = 10.0    # add_consumer is re-sent this often (a restarted worker missed it)
     control_timeout_s: float = 2.0        # replies to add_consumer / cancel_consumer / ping
     keep_parts_h: float = 48.0            # `farm gc`: a job's parts and verify files, this long after its end
@@ -116,6 +117,8 @@ class Settings:
         if self.chunk_limit_cap_s <= self.chunk_limit_floor_s:
             raise ValueError("chunk_limit_cap_s (%g) must be longer than chunk_limit_floor_s (%g)"
                              % (self.chunk_limit_cap_s, self.chunk_limit_floor_s))
+        if self.report_tries < 1:
+            raise ValueError("report_tries must be >= 1")
         if self.speed_sample_frames < 1 or self.part_bytes_per_pixel <= 0 or self.space_check_s <= 0:
             raise ValueError("speed_sample_frames must be >= 1, part_bytes_per_pixel and space_check_s > 0")
         longest = self.hard_limit_s()

@@ -39,6 +39,12 @@ def verified_text(v: dict) -> str:
     return frames + ", audio offset %.3f ms, drift %.3f ms" % (v["offsetMs"], v.get("driftMs") or 0.0)
 
 
+def boot_time() -> float:
+    """When this host booted (the kernel's btime)."""
+    with open("/proc/stat") as f:
+        return float(next(line.split()[1] for line in f if line.startswith("btime ")))
+
+
 class Stopped(Exception):
     """The coordinator was told to stop while it waited for the broker."""
 
@@ -66,6 +72,7 @@ class Coordinator:
         self.reports_q = Queue(settings.reports_queue, tasks.reports_exchange(settings),
                                routing_key=settings.reports_queue)
         self.refused_reports = 0
+        self.unapplied: dict[tuple, int] = {}   # a report's failed applies, by (attempt, event, ts)
 
     def fault(self, point: str) -> None:
         """A named step of a job's life; the tests' wrapper (tests/coordinator_main.py) kills the process
@@ -127,14 +134,23 @@ class Coordinator:
                 if job and job["state"] in FINAL:
                     self.fault("end:recorded")
         except Exception:   # SQLite busy, a full disk: back to the queue, and applied again later
+            seen = (body.get("attempt"), body.get("event"), body.get("ts"))
+            self.unapplied[seen] = self.unapplied.get(seen, 0) + 1
+            if self.unapplied[seen] >= self.s.report_tries:
+                log.exception("report %r not applied %d times (report_tries): dropped", body, self.unapplied.pop(seen))
+                message.ack()
+                return
             log.exception("report %r not applied; requeued", body)
             time.sleep(self.s.report_retry_s)
             message.requeue()
             return
+        self.unapplied.pop((body.get("attempt"), body.get("event"), body.get("ts")), None)
         message.ack()
 
     def tick(self) -> None:
         now = time.time()
+        if self._due("alive", "", 10.0):
+            self.sm.alive(now)
         self.apply_outbox()
         self.sm.settle(now)
         for jid, outcome in self.joiner.poll():
@@ -216,6 +232,7 @@ class Coordinator:
     def recover(self) -> None:
         """What the last run decided and did not do is done first (the outbox); then jobs no longer
         live give their leases and consumers back; live ones go on."""
+        self.sm.started_after_reboot(time.time(), boot_time())
         self.apply_outbox()
         for row in self.db.rows("SELECT id FROM jobs WHERE nodes_released=0 AND (state IN ('done','failed',"
                                 "'cancelled','joining') OR (cancel_requested=1 AND state IN ('submitted','running')))"):
@@ -258,6 +275,7 @@ class Coordinator:
         README "Time limits that learn") and the nodes it should avoid."""
         if job.get("paused"):       # the host's disk is full: nothing goes out until it has room again
             return
+        speed = None
         for a in self.db.rows("SELECT a.id, a.idx, a.priority, a.key, c.first, c.last FROM attempts a JOIN chunks c"
                               " ON c.job_id=a.job_id AND c.idx=a.idx WHERE a.job_id=? AND a.published=0"
                               " AND a.state='queued' ORDER BY a.n, a.idx", (job["id"],)):
@@ -265,7 +283,12 @@ class Coordinator:
                       "key": a["key"]}
             avoid = self._avoid(job, a["idx"])
             if avoid:
+                # while another node may free up: a chunk's expected render at the job's speed, and then some
+                if speed is None:
+                    with self.db.tx() as c:
+                        speed = self.sm.job_speed(c, job)[0]
                 kwargs["avoid"] = avoid
+                kwargs["avoid_for_s"] = self.s.silent_after_s + 2 * speed * (a["last"] - a["first"] + 1)
             try:
                 self.broker.publish(a["id"], job["id"], kwargs, priority=a["priority"],
                                     limits=self.s.worker_limits())

@@ -50,6 +50,10 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE TABLE IF NOT EXISTS outbox (
   id INTEGER PRIMARY KEY, job_id TEXT NOT NULL, action TEXT NOT NULL, args TEXT NOT NULL,
   created_at REAL NOT NULL, done_at REAL);
+-- The broker's outages the coordinator saw (README "Whose fault"), kept across its restarts, and when it
+-- last ticked (coordinator_alive_at: a host reboot since then restarted the broker too).
+CREATE TABLE IF NOT EXISTS outages (lost REAL NOT NULL, back REAL NOT NULL, why TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS attempts_chunk ON attempts(job_id, idx);
 CREATE INDEX IF NOT EXISTS attempts_state ON attempts(state);     -- the tick's undecided losses, of every job
 CREATE INDEX IF NOT EXISTS events_job ON events(job_id, at);

@@ -96,8 +96,13 @@ def submit(s: Settings, spec: dict, out: str, nodes: list[str], *, verify: bool 
         spec = {**spec, "s_per_frame": s_per_frame}
     spec = check_spec(s, spec, made_here=made_here)
     out_path = resolve_out(s, out)
+    db = DB(s.db_path)
+    if other := db.one("SELECT id, state FROM jobs WHERE out=? AND state IN ('submitted','running','joining')",
+                       (str(out_path),)):
+        raise ValueError("job %s (%s) writes %s already: give another out, or cancel it first"
+                         % (other["id"], other["state"], out_path))
     check_free_space(s, spec)
     chunks = plan_chunks(spec["frames"], len(nodes), min_chunk=s.min_chunk, per_node=s.per_node,
                          max_chunk=s.max_chunk(spec))
-    return DB(s.db_path).submit(spec, str(out_path), nodes, chunks, frames=spec["frames"],
+    return db.submit(spec, str(out_path), nodes, chunks, frames=spec["frames"],
                                 fps=float(spec["fps"]), verify=verify, timings=timings)

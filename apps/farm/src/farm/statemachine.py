@@ -27,9 +27,8 @@ class StateMachine:
     def __init__(self, s: Settings, db: DB):
         self.s, self.db = s, db
         self.outage_since: float | None = None         # the coordinator's broker connection is down since
-        self.outages: list[tuple[float, float]] = []   # (lost, back) of each outage it saw
 
-    # -- the broker's outages, as the coordinator sees them ----------------------------------------------
+    # -- the broker's outages, as the coordinator sees them (kept in the database) -------------------------
     def broker_lost(self, at: float) -> None:
         if self.outage_since is None:
             self.outage_since = at
@@ -37,16 +36,34 @@ class StateMachine:
     def broker_back(self, at: float) -> bool:
         if self.outage_since is None:
             return False
-        self.outages.append((self.outage_since, at))
+        self.outage(self.outage_since, at, "the broker was away (the coordinator's own connection was lost)")
         self.outage_since = None
         return True
 
+    def outage(self, lost: float, back: float, why: str) -> None:
+        with self.db.tx() as c:
+            c.execute("INSERT INTO outages(lost, back, why) VALUES (?,?,?)", (lost, back, why))
+            c.execute("DELETE FROM outages WHERE back < ?", (back - 7 * 86400,))
+
+    def alive(self, now: float) -> None:
+        """The coordinator's tick, kept: after a host reboot, the time it went down."""
+        self.db.c.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('coordinator_alive_at', ?)", (str(now),))
+
+    def started_after_reboot(self, now: float, booted_at: float) -> None:
+        """At the coordinator's start: if the host booted since its last tick, the broker restarted with
+        it, and what the nodes were rendering then comes back re-delivered: the host's outage."""
+        row = self.db.one("SELECT value FROM meta WHERE key='coordinator_alive_at'")
+        if row and float(row["value"]) < booted_at:
+            self.outage(float(row["value"]), now, "the host rebooted (the broker with it)")
+
     def _excuse(self, a: dict, now: float) -> str | None:
         """Why a re-delivered attempt is nobody's fault, or None (not known yet)."""
-        for lost, back in self.outages + ([(self.outage_since, now)] if self.outage_since else []):
-            if (a["started_at"] or 0) <= back and now - back <= self.s.outage_grace_s:
-                return "the broker was away (the coordinator's own connection was lost %s, back %s)" % (
-                    time.strftime("%H:%M:%S", time.localtime(lost)), time.strftime("%H:%M:%S", time.localtime(back)))
+        seen = self.db.rows("SELECT lost, back, why FROM outages ORDER BY back")
+        for o in seen + ([{"lost": self.outage_since, "back": now, "why": "the broker is away"}]
+                         if self.outage_since else []):
+            if (a["started_at"] or 0) <= o["back"] and now - o["back"] <= self.s.outage_grace_s:
+                return "%s: down %s, back %s" % (o["why"], time.strftime("%H:%M:%S", time.localtime(o["lost"])),
+                                                 time.strftime("%H:%M:%S", time.localtime(o["back"])))
         return None
 
     # -- a job's life -------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from types import SimpleNamespace
 
 from amqp.exceptions import NotFound as NOT_FOUND
 from celery import Celery
-from celery.exceptions import SoftTimeLimitExceeded
+from celery.exceptions import Reject, SoftTimeLimitExceeded
 from kombu import Connection, Exchange, Queue
 
 from farm import render as media
@@ -198,7 +198,7 @@ class RenderTask(app.Task):
 @app.task(name="farm.render", bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
           base=RenderTask)
 def render(self, job: str, index: int, *, first: int, last: int, spec: dict, avoid=None, held: int = 0,
-           key: str | None = None) -> None:
+           key: str | None = None, avoid_for_s: float | None = None) -> None:
     ids = {"job": job, "index": index, "attempt": self.request.id, "key": key}
     s = here.settings
     if self.request.delivery_info.get("redelivered"):
@@ -209,12 +209,19 @@ def render(self, job: str, index: int, *, first: int, last: int, spec: dict, avo
     # in the queue first, then the hold: another worker that frees up meanwhile finds it there. When no
     # copy went, it is rendered here: acking this delivery would leave the attempt queued with no
     # message, which nothing gives up.
-    if here.node in (avoid or ()) and held * s.avoid_hold_s < s.silent_after_s and _put_back(
+    if here.node in (avoid or ()) and held * s.avoid_hold_s < (avoid_for_s or s.silent_after_s) and _put_back(
             self.request, {"job": job, "index": index, "first": first, "last": last, "spec": spec,
-                           "avoid": avoid, "held": held, "key": key}):
+                           "avoid": avoid, "held": held, "key": key, "avoid_for_s": avoid_for_s}):
         time.sleep(s.avoid_hold_s)
         return
-    report("started", first=first, last=last, **ids)
+    try:
+        report("started", first=first, last=last, **ids)
+    except Exception as e:
+        # Unreported, the attempt would stay queued with no message behind it, its job running (and its
+        # lease renewed) for ever. Back to the queue, re-delivered: the next worker reports it lost.
+        log.warning("chunk %s of job %s: `started` could not be reported (%s: %s): returned to the queue",
+                    index, job, type(e).__name__, e)
+        raise Reject(str(e), requeue=True) from e
     t0, stop, timings, where = time.time(), threading.Event(), {}, {"phase": "fetch"}
     ticker = threading.Thread(target=_ticker, args=(stop, t0, ids, where), daemon=True)
     ticker.start()
