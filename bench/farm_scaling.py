@@ -12,7 +12,7 @@ Every job must end done and verified, with every chunk's frames in the output on
 
   bench/farm_scaling.py                                  # testsrc, --workers 1 2 4
   bench/farm_scaling.py --frames 1200 --workers 1 2      # a shorter run
-  bench/farm_scaling.py --renderer remotion              # apps/farm/examples/hello, 90 frames
+  bench/farm_scaling.py --renderer remotion --frames 600 # apps/farm/examples/hello at 1280x720 (its props)
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ def start(farm: _engine.Farm, a) -> None:
 def submit(farm: _engine.Farm, a) -> str:
     if a.renderer == "testsrc":
         return farm.submit(frames=a.frames, verify=a.verify, nodes=farm.nodes, width=a.width, height=a.height)
-    r = farm.farm("submit", "--project", str(HELLO), "--composition", "Hello",
+    props = {"frames": a.frames, "width": a.width, "height": a.height}
+    r = farm.farm("submit", "--project", str(HELLO), "--composition", "Hello", "--props", json.dumps(props),
                   "--out", str(farm.root / "out" / "job.mp4"), "--detach", "--nodes", *farm.nodes,
                   *(["--verify"] if a.verify else []), timeout=a.timeout)
     if r.returncode != 0:
@@ -164,9 +165,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--renderer", choices=("testsrc", "remotion"), default="testsrc")
-    ap.add_argument("--frames", type=int, default=4500, help="testsrc: the job's frames")
-    ap.add_argument("--width", type=int, default=1280, help="testsrc")
-    ap.add_argument("--height", type=int, default=720, help="testsrc")
+    ap.add_argument("--frames", type=int, default=4500, help="the job's frames (remotion: the example's props)")
+    ap.add_argument("--width", type=int, default=1280)
+    ap.add_argument("--height", type=int, default=720)
     ap.add_argument("--min-chunk", type=int, default=DEFAULTS.min_chunk, help="the farm's min_chunk")
     ap.add_argument("--per-node", type=int, default=DEFAULTS.per_node, help="the farm's per_node")
     ap.add_argument("--verify", action="store_true", help="submit with --verify (a single-node reference too)")
@@ -198,8 +199,8 @@ def main() -> int:
             return 1
         finally:
             broker.stop()
-    what = ("testsrc %dx%d, %d frames" % (a.width, a.height, a.frames) if a.renderer == "testsrc"
-            else "remotion: apps/farm/examples/hello")
+    what = "%s %dx%d, %d frames" % ("testsrc" if a.renderer == "testsrc" else "remotion apps/farm/examples/hello",
+                                    a.width, a.height, a.frames)
     print("\n%s; min_chunk %d, per_node %d; every job done, verified, every chunk once\n"
           % (what, a.min_chunk, a.per_node))
     table(results, a)
