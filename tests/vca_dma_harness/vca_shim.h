@@ -166,6 +166,7 @@ void get_random_bytes(void *buf, size_t n);
 int copy_struct_from_user(void *dst, size_t ksize, const void *src, size_t usize);
 struct page;
 #define FOLL_WRITE		1
+#define FOLL_LONGTERM		0x100
 int pin_user_pages_fast(unsigned long start, int n, unsigned int flags, struct page **pages);
 #define unpin_user_pages_dirty_lock(pages, n, dirty)	do { } while (0)
 
@@ -193,16 +194,23 @@ int device_create_file(struct device *dev, const struct device_attribute *attr);
 void device_remove_file(struct device *dev, const struct device_attribute *attr);
 
 #define IORESOURCE_MEM		0x200
+#define IORESOURCE_UNSET	0x20000000
 #define PCI_STD_NUM_BARS	6
 #define PCI_ANY_ID		(~0U)
 struct resource { resource_size_t start, end; unsigned long flags; };
+struct pci_bus { int number; };
 struct pci_dev {
 	struct device dev;
 	unsigned short vendor, device;
 	char *driver_override;
 	struct resource resource[PCI_STD_NUM_BARS];
 	const char *name;
+	struct pci_bus *bus;
+	unsigned int devfn;
+	struct pci_dev *upstream;
 };
+#define PCI_SLOT(devfn)		(((devfn) >> 3) & 0x1f)
+#define pci_upstream_bridge(p)	((p)->upstream)
 struct pci_device_id { int unused; };
 struct pci_driver {
 	const char *name;
@@ -219,7 +227,11 @@ struct pci_driver {
 #define pci_name(p)		((p)->name)
 #define pci_dev_get(p)		(p)
 #define pci_dev_put(p)		do { } while (0)
-#define pci_set_master(p)	do { } while (0)
+void pci_set_master(struct pci_dev *pdev);
+void pci_clear_master(struct pci_dev *pdev);
+#define PCI_COMMAND		0x04
+#define PCI_COMMAND_MASTER	0x4
+int pci_read_config_word(struct pci_dev *pdev, int where, u16 *val);
 #define pci_set_drvdata(p, d)	((p)->dev.driver_data = (d))
 #define pci_get_drvdata(p)	((p)->dev.driver_data)
 #define pcim_enable_device(p)	0
@@ -250,8 +262,10 @@ struct sg_table { struct scatterlist *sgl; unsigned int nents, orig_nents; };
 int sg_alloc_table_from_pages(struct sg_table *sgt, struct page **pages, unsigned int n,
 			      unsigned int off, unsigned long size, gfp_t gfp);
 #define sg_free_table(t)	free((t)->sgl)
-#define dma_map_sgtable(dev, t, dir, attrs)	0
-#define dma_unmap_sgtable(dev, t, dir, attrs)	do { } while (0)
+int dma_map_sgtable(struct device *dev, struct sg_table *sgt, enum dma_data_direction dir,
+		    unsigned long attrs);
+void dma_unmap_sgtable(struct device *dev, struct sg_table *sgt, enum dma_data_direction dir,
+		       unsigned long attrs);
 
 /* character devices */
 struct inode { int unused; };
