@@ -37,7 +37,6 @@ static struct {
 
 struct bus_type pci_bus_type;
 static u32 regs[0x1000 / 4];
-static void *ring_mem;
 static bool released;
 static struct pci_driver *bound_drv;
 static struct pci_dev *bound_dev;
@@ -77,6 +76,14 @@ static struct pci_dev pdevs[] = {
 	{ .vendor = 0x8086, .device = 0x1533, .name = "0000:30:00.0", .bus = &bus30,
 	  .resource = { [0] = { 0x4000000000, 0x400fffffff, IORESOURCE_MEM } } },
 };
+
+static int warns;
+
+int h_warn(const char *fmt, ...)
+{
+	warns++;
+	return 1;
+}
 
 void h_log(const char *fmt, ...)
 {
@@ -345,12 +352,16 @@ void iowrite32(u32 val, void *addr)
 	u32 off = (u32)((u8 *)reg(addr) - (u8 *)regs) - VCA_DMA_CHAN_BASE;
 
 	pthread_mutex_lock(&eng_mx);
+	if (cfg.dead)
+		off = ~0U;		/* a function that does not answer takes no writes */
 	switch (off) {
 	case VCA_DMA_CTRL:
 		ctrl_write(val);
 		break;
 	case VCA_DMA_INTR:
 		chan_set(off, (val & 0xffff) | (chan_reg(off) & H_INTR_STATUS & ~val));
+		break;
+	case ~0U:
 		break;
 	case VCA_DMA_RING_ADDR_LO: case VCA_DMA_RING_ADDR_HI: case VCA_DMA_RING_SIZE:
 	case VCA_DMA_NEXT_DESC_LO:
@@ -455,7 +466,7 @@ static void *eng_main(void *arg)
 		while (!eng_running())
 			pthread_cond_wait(&eng_cv, &eng_mx);
 		gen = eng_gen;
-		if (!bus_master) {
+		if (!bus_master || cfg.dead) {
 			rec.dma_dropped++;	/* no fetch: the channel stalls */
 			pthread_cond_wait(&eng_cv, &eng_mx);
 			continue;
@@ -544,12 +555,6 @@ static void *coherent(size_t size, dma_addr_t *dma)
 	return p;
 }
 
-void *dmam_alloc_coherent(struct device *dev, size_t size, dma_addr_t *dma, gfp_t gfp)
-{
-	ring_mem = coherent(size, dma);
-	return ring_mem;
-}
-
 void *dma_alloc_coherent(struct device *dev, size_t size, dma_addr_t *dma, gfp_t gfp)
 {
 	return coherent(size, dma);
@@ -564,18 +569,11 @@ void dma_free_coherent(struct device *dev, size_t size, void *cpu, dma_addr_t dm
 	memset(cpu, 0xa5, size);
 }
 
-/* devres after probe failed or remove() returned: a devres ring is freed, the registers are gone */
+/* devres after probe failed or remove() returned: the registers are gone, the function disabled */
 static void devres_release(void)
 {
 	released = true;
-	if (ring_mem) {
-		if (bus_master)
-			rec.master_at_free++;
-		range_drop_locked((uintptr_t)ring_mem);
-		rec.coherent_live--;
-		memset(ring_mem, 0xa5, sizeof(struct vca_dma_desc) * VCA_DMA_RING_LEN);
-	}
-	bus_master = false;	/* pcim_enable_device's release disables the function */
+	pci_clear_master(NULL);		/* pcim_enable_device's release disables the function */
 }
 
 dma_addr_t dma_map_resource(struct device *dev, phys_addr_t phys, size_t size,
@@ -642,8 +640,6 @@ int pci_read_config_word(struct pci_dev *pdev, int where, u16 *val)
 	return 0;
 }
 
-int device_create_file(struct device *dev, const struct device_attribute *attr) { return 0; }
-void device_remove_file(struct device *dev, const struct device_attribute *attr) { }
 
 static struct file *file_open(int *err)
 {
@@ -695,17 +691,28 @@ void pci_unregister_driver(struct pci_driver *drv)
 	bound_drv = NULL;
 }
 
-/* plx_mbox, as the patched plx87xx exports it */
-static struct plx_mbox { int id; } mboxes[16];
-struct plx_mbox *plx_mbox_get(int id) { return !cfg.mbox_gone && id >= 0 && id < 16 ? &mboxes[id] : NULL; }
+/* plx_mbox (API 2), as the patched plx87xx exports it; mbox_gone: plx87xx unbound after get() */
+struct plx_mbox { int id; };
+static struct plx_mbox mboxes[16];
+struct plx_mbox *plx_mbox_get(int id) { return id >= 0 && id < 16 ? &mboxes[id] : NULL; }
 void plx_mbox_put(struct plx_mbox *mbox) { rec.puts++; }
 int plx_mbox_api_version(void) { return PLX_MBOX_API_VERSION; }
-void plx_mbox_spad_write(struct plx_mbox *mbox, unsigned int idx, u32 val) { rec.ring_value = val; }
 
-void plx_mbox_ring(struct plx_mbox *mbox, unsigned int db)
+int plx_mbox_spad_write(struct plx_mbox *mbox, unsigned int idx, u32 val)
 {
+	if (cfg.mbox_gone)
+		return -ENODEV;
+	rec.ring_value = val;
+	return 0;
+}
+
+int plx_mbox_ring(struct plx_mbox *mbox, unsigned int db)
+{
+	if (cfg.mbox_gone)
+		return -ENODEV;
 	rec.rings++;
 	rec.ring_device = mbox - mboxes;
+	return 0;
 }
 
 void *h_symbol_get(const char *name, void *fn) { return cfg.mbox ? fn : NULL; }
@@ -724,6 +731,7 @@ void h_reset(void)
 	eng_abort = 0;
 	memset(&cfg, 0, sizeof(cfg));
 	memset(&rec, 0, sizeof(rec));
+	warns = 0;
 	memset(regs, 0, sizeof(regs));
 	regs[(VCA_DMA_CHAN_BASE + VCA_DMA_CTRL) / 4] = H_CTRL_CFG;
 	nranges = 0;
@@ -736,7 +744,6 @@ void h_reset(void)
 	cfg.verbose = !!getenv("VCA_HARNESS_VERBOSE");
 	released = false;
 	early_file = NULL;
-	ring_mem = NULL;
 	n_win = 0;
 	memset(win, 0, sizeof(win));
 }
@@ -805,6 +812,8 @@ long long h_get(const char *what)
 		return rec.ring_value;
 	if (!strcmp(what, "bus_master"))
 		return bus_master;
+	if (!strcmp(what, "warns"))
+		return warns;
 	for (i = 0; i < sizeof(counters) / sizeof(counters[0]); i++)
 		if (!strcmp(counters[i].name, what))
 			return __atomic_load_n(counters[i].field, __ATOMIC_SEQ_CST);

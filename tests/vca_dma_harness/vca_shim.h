@@ -85,6 +85,9 @@ void h_log(const char *fmt, ...);
 #define pr_warn(...)		h_log(__VA_ARGS__)
 #define dev_err(dev, ...)	h_log(__VA_ARGS__)
 #define dev_warn(dev, ...)	h_log(__VA_ARGS__)
+#define dev_warn_ratelimited(dev, ...)	h_log(__VA_ARGS__)
+int h_warn(const char *fmt, ...);
+#define WARN(cond, ...)		((cond) ? h_warn(__VA_ARGS__) : 0)
 #define dev_info(dev, ...)	h_log(__VA_ARGS__)
 
 /* bits and atomics */
@@ -176,7 +179,12 @@ void iowrite32(u32 val, void *addr);
 
 /* devices */
 struct module;
-struct device_driver { const char *name; };
+struct attribute { const char *name; };
+struct attribute_group { struct attribute **attrs; };
+#define ATTRIBUTE_GROUPS(n) \
+	static const struct attribute_group n##_group = { n##_attrs }; \
+	static const struct attribute_group *n##_groups[] = { &n##_group, NULL }
+struct device_driver { const char *name; const struct attribute_group **dev_groups; };
 struct device { struct device_driver *driver; void *driver_data; };
 struct bus_type { int unused; };
 extern struct bus_type pci_bus_type;
@@ -184,14 +192,12 @@ struct device_driver *driver_find(const char *name, struct bus_type *bus);
 static inline void *dev_get_drvdata(struct device *dev) { return dev->driver_data; }
 
 struct device_attribute {
-	const char *name;
+	struct attribute attr;
 	ssize_t (*show)(struct device *dev, struct device_attribute *attr, char *buf);
 	ssize_t (*store)(struct device *dev, struct device_attribute *attr, const char *buf,
 			 size_t count);
 };
-#define DEVICE_ATTR_RW(n)	struct device_attribute dev_attr_##n = { #n, n##_show, n##_store }
-int device_create_file(struct device *dev, const struct device_attribute *attr);
-void device_remove_file(struct device *dev, const struct device_attribute *attr);
+#define DEVICE_ATTR_RW(n)	struct device_attribute dev_attr_##n = { { #n }, n##_show, n##_store }
 
 #define IORESOURCE_MEM		0x200
 #define IORESOURCE_UNSET	0x20000000
@@ -247,7 +253,6 @@ enum dma_data_direction { DMA_BIDIRECTIONAL, DMA_TO_DEVICE, DMA_FROM_DEVICE, DMA
 #define dma_mapping_error(dev, a)	((a) == DMA_MAPPING_ERROR)
 void *dma_alloc_coherent(struct device *dev, size_t size, dma_addr_t *dma, gfp_t gfp);
 void dma_free_coherent(struct device *dev, size_t size, void *cpu, dma_addr_t dma);
-void *dmam_alloc_coherent(struct device *dev, size_t size, dma_addr_t *dma, gfp_t gfp);
 dma_addr_t dma_map_resource(struct device *dev, phys_addr_t phys, size_t size,
 			    enum dma_data_direction dir, unsigned long attrs);
 void dma_unmap_resource(struct device *dev, dma_addr_t addr, size_t size,
