@@ -363,10 +363,10 @@ def test_a_copy_completes_only_by_write_back_and_the_data_lands(bound):
 
 def test_no_register_write_changes_the_firmwares_ctrl_bits_29_to_13(bound):
     f = bound.open()
-    ret, c = bound.submit_user(f)
+    _, c = bound.submit_user(f)
     assert bound.wait(f, c.cookie)[1].status == 0
     bound.set("hold", 1)                          # and a copy that is aborted
-    ret, c = bound.submit_user(f)
+    _ret, c = bound.submit_user(f)
     assert bound.wait(f, c.cookie, 50)[1].status == -errno.EINPROGRESS
     assert bound.get("aborts") == 1
     bound.lib.h_unload()
@@ -436,7 +436,7 @@ def test_registers_that_read_all_ones_are_no_status_and_no_abort_done(bound):
 
 def test_remove_with_a_wedged_engine_clears_bus_mastering_first_and_keeps_what_it_may_write(bound):
     bound.set("abort_never", 1)
-    a, c, t, box = held_wait(bound)
+    _a, _c, t, box = held_wait(bound)
     bound.lib.h_unload()
     t.join(PROMPT_S)
     assert not t.is_alive() and box["ret"][0] == -errno.ENODEV
@@ -453,7 +453,7 @@ def test_remove_with_a_wedged_engine_clears_bus_mastering_first_and_keeps_what_i
 
 def test_remove_with_an_idle_engine_frees_everything_after_bus_mastering_is_off(bound):
     f = bound.open()
-    ret, c = bound.submit_user(f)
+    _ret, c = bound.submit_user(f)
     assert bound.wait(f, c.cookie)[1].status == 0
     bound.lib.h_unload()
     assert bound.get("coherent_live") == 0 and bound.get("sg_live") == 0
@@ -469,10 +469,10 @@ def test_submit_pins_without_the_engine_lock_and_rechecks_after(bound):
         while not bound.get("pinning") and time.monotonic() < deadline:
             time.sleep(0.01)
         assert bound.get("pinning")
-        u, ubox = in_thread(bound.lib.h_release, b)      # another file's release goes through
+        u, _ = in_thread(bound.lib.h_release, b)      # another file's release goes through
         u.join(PROMPT_S)
         assert not u.is_alive()
-        u, ubox = in_thread(bound.lib.h_unload)           # and so does remove()
+        u, _ubox = in_thread(bound.lib.h_unload)           # and so does remove()
         u.join(PROMPT_S)
         assert not u.is_alive()
     finally:
@@ -484,7 +484,7 @@ def test_submit_pins_without_the_engine_lock_and_rechecks_after(bound):
 
 def test_a_pin_whose_life_user_space_controls_is_longterm(bound):
     f = bound.open()
-    ret, c = bound.submit_user(f)
+    ret, _c = bound.submit_user(f)
     assert ret == 0 and bound.get("pins") == 2 and bound.get("pin_longterm") == 2
 
 
@@ -552,7 +552,8 @@ def test_the_bar_check_takes_only_assigned_bars_of_our_switch(drv, bus_addr, len
 
 
 def _split(lib, src, dst, cap=4096):
-    flat = lambda segs: (ctypes.c_uint64 * (2 * len(segs)))(*[v for seg in segs for v in seg])
+    def flat(segs):
+        return (ctypes.c_uint64 * (2 * len(segs)))(*[v for seg in segs for v in seg])
     out = (ctypes.c_uint64 * (3 * cap))()
     n = lib.h_split(flat(src), len(src), flat(dst), len(dst), out, cap)
     return [tuple(out[3 * i:3 * i + 3]) for i in range(n)]
