@@ -180,7 +180,7 @@ static void vca_dma_ring_init(struct vca_dma *d)
 	d->head = 0;
 	/* ack the CTRL status bits (write 1 to clear), as Intel plx_dma.c:196-199 enables the channel */
 	vca_dma_ctrl(d, VCA_DMA_CTRL_STATUS_W1C);
-	/* the ring, as Intel plx_dma_chan_set_desc_ring() (plx_dma.c:226-237) */
+	/* the ring, as Intel plx_dma_chan_set_desc_ring() (plx_dma.c:220-233) */
 	chan_write(d, VCA_DMA_RING_ADDR_LO, lower_32_bits(d->ring_dma));
 	chan_write(d, VCA_DMA_RING_ADDR_HI, upper_32_bits(d->ring_dma));
 	chan_write(d, VCA_DMA_RING_SIZE, VCA_DMA_RING_LEN);
@@ -375,7 +375,7 @@ static int vca_dma_post(struct vca_dma *d, struct vca_dma_xfer *x, const struct 
 	wmb();	/* descriptors in memory before the engine is started */
 	x->t0 = ktime_get();
 	x->start_real_ns = ktime_get_real_ns();
-	/* START with every status bit acked: Intel plx_dma_issue_pending(), plx_dma.c:238-246 */
+	/* START with every status bit acked: Intel plx_dma_issue_pending(), plx_dma.c:235-247 */
 	vca_dma_ctrl(d, VCA_DMA_CTRL_STATUS_W1C | VCA_DMA_CTRL_START);
 	d->cur = x;
 	atomic64_inc(&d->submitted);
