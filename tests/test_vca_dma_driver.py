@@ -571,3 +571,30 @@ def test_a_piece_longer_than_one_descriptor_is_cut_at_the_size_field_rounded_to_
     pieces = _split(lib, [(0x100000000, big)], [(0x200000000, big)])
     most = (1 << 27) - 4
     assert pieces == [(0x100000000, 0x200000000, most), (0x100000000 + most, 0x200000000 + most, 68)]
+
+
+def _last_copy(lib):
+    buf = ctypes.create_string_buffer(4096)
+    n = lib.h_last_copy(buf)
+    return buf.raw[:n].decode()
+
+
+def test_last_copy_shows_the_engines_write_back_words_of_the_self_test(bound):
+    assert _last_copy(bound.lib) == "none\n"
+    assert bound.lib.h_selftest() == 0
+    fields = dict(kv.split("=") for kv in _last_copy(bound.lib).split())
+    n = 1 << 20                                    # selftest_bytes' default: one descriptor
+    assert (fields["status"], fields["bytes"], fields["descriptors"]) == ("0", str(n), "1")
+    assert int(fields["last_wb"], 16) == (1 << 30) | n      # VALID clear, success, the bytes moved
+    assert int(fields["intr"], 16) & INTR_STATUS == 0
+
+
+def test_last_copy_of_a_failed_copy_shows_the_failure_bit(bound):
+    bound.set("hole", 2)
+    f = bound.open()
+    _, c = bound.submit_user(f)
+    assert bound.wait(f, c.cookie)[1].status == -errno.EIO
+    fields = dict(kv.split("=") for kv in _last_copy(bound.lib).split())
+    assert fields["status"] == str(-errno.EIO)
+    assert int(fields["last_wb"], 16) == 1 << 28              # the write failed, nothing moved
+    assert int(fields["intr"], 16) & 0x10000                   # INTR ERROR latched, as the engine left it

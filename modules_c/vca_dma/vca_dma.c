@@ -133,6 +133,12 @@ struct vca_dma {
 	atomic64_t submitted, completed, bytes, errors, timeouts, doorbells;
 	u64 last_selftest_mibps;
 	int last_selftest_result;
+	struct vca_dma_last {			/* the last copy that ended, as the engine left it */
+		u64 cookie, bytes;
+		int status;
+		unsigned int n;
+		u32 first_wb, last_wb, ctrl, intr;
+	} last;
 };
 
 static u32 chan_read(struct vca_dma *d, u32 reg)
@@ -284,6 +290,21 @@ static int vca_dma_poll(struct vca_dma *d, struct vca_dma_xfer *x, u64 *bytes)
 	}
 	*bytes = done;
 	return ret;
+}
+
+/* Note what the engine wrote back for the copy in flight, which ended with @st (lock held). */
+static void vca_dma_note(struct vca_dma *d, int st, u64 done)
+{
+	struct vca_dma_xfer *x = d->cur;
+
+	d->last = (struct vca_dma_last){
+		.cookie = x->cookie, .bytes = done, .status = st > 0 ? 0 : st ? -EIO : -EINPROGRESS,
+		.n = x->n,
+		.first_wb = le32_to_cpu(READ_ONCE(d->ring[x->first].ctl_size)),
+		.last_wb = le32_to_cpu(READ_ONCE(d->ring[(x->first + x->n - 1) % VCA_DMA_RING_LEN].ctl_size)),
+		.ctrl = chan_read(d, VCA_DMA_CTRL),
+		.intr = chan_read(d, VCA_DMA_INTR),
+	};
 }
 
 /*
@@ -659,6 +680,7 @@ static int vca_dma_selftest(struct vca_dma *d)
 			if (!ret) {
 				ns = ktime_to_ns(ktime_sub(st > 0 ? d->cur->t_done : ktime_get(),
 							   d->cur->t0));
+				vca_dma_note(d, st, done);
 				if (st == 0) {
 					atomic64_inc(&d->timeouts);
 					ret = -ETIMEDOUT;
@@ -717,6 +739,8 @@ static long vca_dma_ioc_wait(struct vca_dma *d, struct file *file, void __user *
 	w.elapsed_ns = ktime_to_ns(ktime_sub(st > 0 ? x->t_done : ktime_get(), x->t0));
 	w.start_real_ns = x->start_real_ns;
 	w.done_real_ns = x->done_real_ns;
+	if (st || w.timeout_ms)
+		vca_dma_note(d, st, done);
 	if (st > 0) {
 		w.status = 0;
 		atomic64_inc(&d->completed);
@@ -917,8 +941,25 @@ static ssize_t selftest_show(struct device *dev, struct device_attribute *attr, 
 }
 static DEVICE_ATTR_RW(selftest);
 
+/* The last copy that ended: its write-back words and the channel's registers then (evidence). */
+static ssize_t last_copy_show(struct device *dev, struct device_attribute *attr, char *buf)
+{
+	struct vca_dma *d = dev_get_drvdata(dev);
+	struct vca_dma_last l;
+
+	mutex_lock(&d->lock);
+	l = d->last;
+	mutex_unlock(&d->lock);
+	if (!l.cookie)
+		return sysfs_emit(buf, "none\n");
+	return sysfs_emit(buf, "cookie=%llu status=%d bytes=%llu descriptors=%u first_wb=%#010x last_wb=%#010x ctrl=%#010x intr=%#010x\n",
+			  l.cookie, l.status, l.bytes, l.n, l.first_wb, l.last_wb, l.ctrl, l.intr);
+}
+static DEVICE_ATTR_RO(last_copy);
+
 static struct attribute *vca_dma_attrs[] = {
 	&dev_attr_selftest.attr,
+	&dev_attr_last_copy.attr,
 	NULL,
 };
 ATTRIBUTE_GROUPS(vca_dma);

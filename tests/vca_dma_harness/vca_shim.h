@@ -198,6 +198,7 @@ struct device_attribute {
 			 size_t count);
 };
 #define DEVICE_ATTR_RW(n)	struct device_attribute dev_attr_##n = { { #n }, n##_show, n##_store }
+#define DEVICE_ATTR_RO(n)	struct device_attribute dev_attr_##n = { { #n }, n##_show, NULL }
 
 #define IORESOURCE_MEM		0x200
 #define IORESOURCE_UNSET	0x20000000
