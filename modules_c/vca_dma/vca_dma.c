@@ -18,6 +18,7 @@
 #include <linux/dma-mapping.h>
 #include <linux/fs.h>
 #include <linux/idr.h>
+#include <linux/interrupt.h>
 #include <linux/io.h>
 #include <linux/kref.h>
 #include <linux/ktime.h>
@@ -33,6 +34,7 @@
 #include <linux/slab.h>
 #include <linux/string.h>
 #include <linux/uaccess.h>
+#include <linux/wait.h>
 #include <linux/capability.h>
 
 #include "plx_mbox.h"
@@ -44,8 +46,10 @@
 #define VCA_DMA_SELFTEST_TIMEOUT_MS	200
 #define VCA_DMA_ABORT_TIMEOUT_US	10000
 #define VCA_DMA_ABORT_POLL_US		50
-/* WAIT's poll: spin for the first ms of a copy, then sleep this long (lock dropped) */
+/* WAIT without an interrupt: spin for the first ms of a copy, then sleep this long (lock dropped) */
 #define VCA_DMA_POLL_US		10
+/* WAIT with one: sleep until it comes, looking anyway this often in case one is lost */
+#define VCA_DMA_IRQ_FALLBACK_MS	10
 #define VCA_DMA_MAX_WINDOWS	16
 #define VCA_DMA_MAX_NODE	15
 #define VCA_DMA_ADDR_LIMIT	BIT_ULL(48)
@@ -130,6 +134,10 @@ struct vca_dma {
 	char name[20];		/* "vca_dma" and any int */
 	char bdf[16];
 	struct miscdevice misc;
+	int irq;			/* the MSI's number, or 0: polled */
+	wait_queue_head_t wq;		/* WAIT sleeps here; the interrupt and remove() wake it */
+	atomic_t events;		/* bumped with every wake-up */
+	atomic_t irq_status;		/* INTR status bits the interrupt acknowledged since ring_init */
 	atomic64_t submitted, completed, bytes, errors, timeouts, doorbells;
 	u64 last_selftest_mibps;
 	int last_selftest_result;
@@ -192,13 +200,18 @@ static void vca_dma_ring_init(struct vca_dma *d)
 	chan_write(d, VCA_DMA_RING_SIZE, VCA_DMA_RING_LEN);
 	chan_write(d, VCA_DMA_NEXT_DESC_LO, lower_32_bits(d->ring_dma));
 	/*
-	 * Polled: every interrupt enable off, and the status bits read written
-	 * back to clear them (Intel plx_dma_ack_interrupt(), plx_dma.c:668-673;
-	 * Linux plx_dma_isr() writes back what it read the same way).
+	 * The status bits read written back to clear them (Intel
+	 * plx_dma_ack_interrupt(), plx_dma.c:668-673; Linux plx_dma_isr() writes
+	 * back what it read the same way); with an MSI, the error and invalid
+	 * descriptor interrupts on (Intel enables error and abort-done, 210-218),
+	 * the copy's own end comes from its last descriptor's INTR flag (Linux
+	 * PLX_DESC_FLAG_INT_WHEN_DONE); polled, every enable off.
 	 */
 	intr = chan_read(d, VCA_DMA_INTR);
 	if (!vca_dma_no_answer(intr))
-		chan_write(d, VCA_DMA_INTR, intr & VCA_DMA_INTR_STATUS_MASK);
+		chan_write(d, VCA_DMA_INTR, (intr & VCA_DMA_INTR_STATUS_MASK) |
+			   (d->irq ? VCA_DMA_INTR_ERROR_EN | VCA_DMA_INTR_INVALID_EN : 0));
+	atomic_set(&d->irq_status, 0);
 }
 
 /*
@@ -280,8 +293,10 @@ static int vca_dma_poll(struct vca_dma *d, struct vca_dma_xfer *x, u64 *bytes)
 	}
 	if (ret == 0) {
 		intr = chan_read(d, VCA_DMA_INTR);
-		if (!vca_dma_no_answer(intr) &&
-		    (intr & (VCA_DMA_INTR_ERROR | VCA_DMA_INTR_INVALID)))
+		if (vca_dma_no_answer(intr))
+			intr = 0;
+		intr |= atomic_read(&d->irq_status);	/* what the interrupt acked already */
+		if (intr & (VCA_DMA_INTR_ERROR | VCA_DMA_INTR_INVALID))
 			ret = -EIO;
 	}
 	if (ret > 0 && !x->done_real_ns) {
@@ -303,7 +318,8 @@ static void vca_dma_note(struct vca_dma *d, int st, u64 done)
 		.first_wb = le32_to_cpu(READ_ONCE(d->ring[x->first].ctl_size)),
 		.last_wb = le32_to_cpu(READ_ONCE(d->ring[(x->first + x->n - 1) % VCA_DMA_RING_LEN].ctl_size)),
 		.ctrl = chan_read(d, VCA_DMA_CTRL),
-		.intr = chan_read(d, VCA_DMA_INTR),
+		/* with what the interrupt acknowledged meanwhile */
+		.intr = chan_read(d, VCA_DMA_INTR) | atomic_read(&d->irq_status),
 	};
 }
 
@@ -382,6 +398,8 @@ static int vca_dma_post(struct vca_dma *d, struct vca_dma_xfer *x, const struct 
 	c = start;
 	while ((l = vca_dma_next_piece(&c, &s, &t))) {
 		struct vca_dma_desc *desc = &d->ring[d->head];
+		/* with an MSI, the last descriptor interrupts when it is done */
+		u32 flags = VCA_DMA_DESC_VALID | (d->irq && x->n + 1 == n ? VCA_DMA_DESC_INTR : 0);
 
 		desc->addr_hi = cpu_to_le32(((upper_32_bits(s) & 0xffff) << 16) |
 					    (upper_32_bits(t) & 0xffff));
@@ -389,7 +407,7 @@ static int vca_dma_post(struct vca_dma *d, struct vca_dma_xfer *x, const struct 
 		desc->src_lo = cpu_to_le32(lower_32_bits(s));
 		/* VALID last: the engine may fetch the descriptor as soon as it is set. */
 		dma_wmb();
-		WRITE_ONCE(desc->ctl_size, cpu_to_le32(VCA_DMA_DESC_VALID | (u32)l));
+		WRITE_ONCE(desc->ctl_size, cpu_to_le32(flags | (u32)l));
 		x->len[x->n++] = l;
 		d->head = (d->head + 1) % VCA_DMA_RING_LEN;
 	}
@@ -611,25 +629,35 @@ static int vca_dma_wait_poll(struct vca_dma *d, struct file *owner, u64 cookie, 
 {
 	ktime_t end = ktime_add_ms(ktime_get(), timeout_ms);
 	bool spin;
-	int ret;
+	long left;
+	int ret, seq;
 
 	for (;;) {
 		ret = vca_dma_waited(d, owner, cookie);
 		if (ret)
 			return ret;
+		seq = atomic_read(&d->events);
 		*st = vca_dma_poll(d, d->cur, done);
 		if (*st || !timeout_ms || !ktime_before(ktime_get(), end))
 			return 0;
-		spin = ktime_us_delta(ktime_get(), d->cur->t0) < 1000;
+		spin = !d->irq && ktime_us_delta(ktime_get(), d->cur->t0) < 1000;
 		mutex_unlock(&d->lock);
 		if (signal_pending(current)) {
 			mutex_lock(&d->lock);
 			return -EINTR;	/* the copy stays in flight: WAIT again */
 		}
-		if (spin)
+		if (d->irq) {
+			left = wait_event_interruptible_timeout(d->wq, atomic_read(&d->events) != seq,
+								msecs_to_jiffies(VCA_DMA_IRQ_FALLBACK_MS));
+			if (left < 0) {
+				mutex_lock(&d->lock);
+				return -EINTR;
+			}
+		} else if (spin) {
 			udelay(1);
-		else
+		} else {
 			usleep_range(VCA_DMA_POLL_US, 2 * VCA_DMA_POLL_US);
+		}
 		mutex_lock(&d->lock);
 	}
 }
@@ -1095,6 +1123,8 @@ static struct vca_dma_xfer *vca_dma_kill(struct vca_dma *d)
 
 	mutex_lock(&d->lock);
 	d->gone = true;
+	atomic_inc(&d->events);
+	wake_up(&d->wq);		/* a sleeping WAIT sees gone now, not at its next look */
 	x = vca_dma_finish(d, true);
 	if (!d->wedged) {
 		/* tear the idle ring down: Intel plx_dma_chan_clear_desc_ring(), Linux __plx_dma_stop() */
@@ -1133,6 +1163,47 @@ static void vca_dma_release_memory(struct vca_dma *d)
 	d->ring = NULL;
 }
 
+/* The MSI: acknowledge what it reports, note errors for the poll, wake WAIT. */
+static irqreturn_t vca_dma_isr(int irq, void *data)
+{
+	struct vca_dma *d = data;
+	u32 intr = chan_read(d, VCA_DMA_INTR);
+
+	if (vca_dma_no_answer(intr) || !(intr & VCA_DMA_INTR_STATUS_MASK))
+		return IRQ_NONE;
+	/* ack: write back what was read (Intel plx_dma.c:668-673, Linux plx_dma_isr()) */
+	chan_write(d, VCA_DMA_INTR, intr);
+	atomic_or(intr & VCA_DMA_INTR_STATUS_MASK, &d->irq_status);
+	atomic_inc(&d->events);
+	wake_up(&d->wq);
+	return IRQ_HANDLED;
+}
+
+/* An MSI if the function has one; else d->irq stays 0 and WAIT polls. */
+static void vca_dma_setup_irq(struct vca_dma *d)
+{
+	struct pci_dev *pdev = d->pdev;
+	int irq;
+
+	if (pci_alloc_irq_vectors(pdev, 1, 1, PCI_IRQ_MSI | PCI_IRQ_MSIX) < 1)
+		return;
+	irq = pci_irq_vector(pdev, 0);
+	if (irq <= 0 || request_irq(irq, vca_dma_isr, 0, "vca_dma", d)) {
+		pci_free_irq_vectors(pdev);
+		return;
+	}
+	d->irq = irq;
+}
+
+static void vca_dma_free_irq(struct vca_dma *d)
+{
+	if (!d->irq)
+		return;
+	free_irq(d->irq, d);
+	pci_free_irq_vectors(d->pdev);
+	d->irq = 0;
+}
+
 /* CTRL's configuration bits, and the channel stopped if something left it running. */
 static int vca_dma_take_engine(struct vca_dma *d)
 {
@@ -1166,6 +1237,7 @@ static int vca_dma_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	kref_init(&d->ref);
 	d->pdev = pci_dev_get(pdev);
 	mutex_init(&d->lock);
+	init_waitqueue_head(&d->wq);
 	d->last_selftest_result = -ENODATA;
 	strscpy(d->bdf, pci_name(pdev), sizeof(d->bdf));
 
@@ -1191,6 +1263,7 @@ static int vca_dma_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	if (ret)
 		goto err_unmap;
 	pci_set_drvdata(pdev, d);
+	vca_dma_setup_irq(d);
 	vca_dma_ring_init(d);
 	pci_set_master(pdev);
 	ret = vca_dma_map_windows(d);
@@ -1212,14 +1285,16 @@ static int vca_dma_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	ret = misc_register(&d->misc);
 	if (ret)
 		goto err_ida;
-	dev_info(&pdev->dev, "vca_dma: /dev/%s, ring of %d descriptors at %pad, %u windows, ctrl config %#x\n",
-		 d->name, VCA_DMA_RING_LEN, &d->ring_dma, n_win, d->ctrl_cfg);
+	dev_info(&pdev->dev, "vca_dma: /dev/%s, ring of %d descriptors at %pad, %u windows, ctrl config %#x, %s\n",
+		 d->name, VCA_DMA_RING_LEN, &d->ring_dma, n_win, d->ctrl_cfg,
+		 d->irq ? "MSI" : "polled");
 	return 0;
 
 err_ida:
 	ida_free(&vca_dma_ida, d->id);
 err_unmap:
 	vca_dma_kill(d);
+	vca_dma_free_irq(d);
 	vca_dma_release_memory(d);
 err_put:
 	pci_set_drvdata(pdev, NULL);
@@ -1235,6 +1310,7 @@ static void vca_dma_remove(struct pci_dev *pdev)
 
 	misc_deregister(&d->misc);
 	vca_dma_xfer_free(d, vca_dma_kill(d));
+	vca_dma_free_irq(d);
 	vca_dma_release_memory(d);
 	dev_info(&pdev->dev, "vca_dma: /dev/%s removed%s\n", d->name, d->wedged ? " (engine wedged)" : "");
 	ida_free(&vca_dma_ida, d->id);

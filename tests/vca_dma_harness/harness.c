@@ -20,6 +20,7 @@ static struct {
 	int cap, signal, hold, delay_us, open_on_register, map_fail, mbox, verbose;
 	int abort_never, dead, hole, wb_short, latched, window_dead;
 	int ring_alloc_fail, misc_fail, pin_fail, sg_map_fail, pin_block, mbox_gone;
+	int no_msi, irq_lost;
 } cfg;
 
 static struct {
@@ -33,6 +34,7 @@ static struct {
 	int cfg_clobbered, aborts, starts, bad_mode, ring_write_running, bad_addr;
 	int write_after_free, late_writes, dma_dropped, abort_never_seen, pin_longterm, pins;
 	int coherent_live, sg_live, pinning, master_at_free, puts;
+	int irqs, irqs_handled, irq_live;
 } rec;
 
 struct bus_type pci_bus_type;
@@ -376,6 +378,78 @@ void iowrite32(u32 val, void *addr)
 	pthread_mutex_unlock(&eng_mx);
 }
 
+/* ---- the MSI: the engine raises it, outside its lock, as the hardware would ---- */
+static irq_handler_t irq_fn;
+static void *irq_data;
+static pthread_mutex_t wq_mx = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t wq_cv = PTHREAD_COND_INITIALIZER;
+
+int pci_alloc_irq_vectors(struct pci_dev *pdev, unsigned int min, unsigned int max, unsigned int flags)
+{
+	return cfg.no_msi ? -ENOSPC : 1;
+}
+
+void pci_free_irq_vectors(struct pci_dev *pdev) { }
+int pci_irq_vector(struct pci_dev *pdev, unsigned int nr) { return 42; }
+
+int request_irq(unsigned int irq, irq_handler_t handler, unsigned long flags, const char *name,
+		void *data)
+{
+	pthread_mutex_lock(&eng_mx);
+	irq_fn = handler;
+	irq_data = data;
+	rec.irq_live = 1;
+	pthread_mutex_unlock(&eng_mx);
+	return 0;
+}
+
+void free_irq(unsigned int irq, void *data)
+{
+	pthread_mutex_lock(&eng_mx);
+	irq_fn = NULL;
+	rec.irq_live = 0;
+	pthread_mutex_unlock(&eng_mx);
+}
+
+void wake_up(wait_queue_head_t *q)
+{
+	pthread_mutex_lock(&wq_mx);
+	pthread_cond_broadcast(&wq_cv);
+	pthread_mutex_unlock(&wq_mx);
+}
+
+void h_wq_wait(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_REALTIME, &t);
+	t.tv_nsec += 1000000;
+	t.tv_sec += t.tv_nsec / 1000000000;
+	t.tv_nsec %= 1000000000;
+	pthread_mutex_lock(&wq_mx);
+	pthread_cond_timedwait(&wq_cv, &wq_mx, &t);
+	pthread_mutex_unlock(&wq_mx);
+}
+
+/* Engine lock held: raise the MSI if a status bit that interrupts is latched (dropping the lock). */
+static void eng_irq(void)
+{
+	u32 intr = chan_reg(VCA_DMA_INTR);
+	irq_handler_t fn = irq_fn;
+
+	if (!fn || !bus_master || cfg.irq_lost)
+		return;
+	if (!(intr & VCA_DMA_INTR_DESC_DONE) &&
+	    !((intr & VCA_DMA_INTR_ERROR) && (intr & VCA_DMA_INTR_ERROR_EN)) &&
+	    !((intr & VCA_DMA_INTR_INVALID) && (intr & VCA_DMA_INTR_INVALID_EN)))
+		return;
+	rec.irqs++;
+	pthread_mutex_unlock(&eng_mx);
+	if (fn(42, irq_data) == IRQ_HANDLED)
+		__atomic_add_fetch(&rec.irqs_handled, 1, __ATOMIC_SEQ_CST);
+	pthread_mutex_lock(&eng_mx);
+}
+
 /* Sleep delay_us, and on while held; false if an abort or a reset came meanwhile. Engine lock held. */
 static bool eng_work(unsigned int gen)
 {
@@ -497,10 +571,12 @@ static void *eng_main(void *arg)
 		}
 		if (!eng_desc(d, c)) {
 			eng_stop(0);
+			eng_irq();
 			continue;
 		}
 		eng_idx = (eng_idx + 1) % VCA_DMA_RING_LEN;
 		chan_set(VCA_DMA_NEXT_DESC_LO, (u32)base + eng_idx * sizeof(*d));
+		eng_irq();
 	}
 	return arg;
 }
@@ -774,6 +850,7 @@ void h_set(const char *what, int value)
 		{ "ring_alloc_fail", &cfg.ring_alloc_fail }, { "misc_fail", &cfg.misc_fail },
 		{ "pin_fail", &cfg.pin_fail }, { "sg_map_fail", &cfg.sg_map_fail },
 		{ "pin_block", &cfg.pin_block }, { "mbox_gone", &cfg.mbox_gone },
+		{ "no_msi", &cfg.no_msi }, { "irq_lost", &cfg.irq_lost },
 	};
 	int *field = NULL;
 	size_t i;
@@ -805,6 +882,7 @@ long long h_get(const char *what)
 		{ "pins", &rec.pins }, { "coherent_live", &rec.coherent_live },
 		{ "sg_live", &rec.sg_live }, { "pinning", &rec.pinning },
 		{ "master_at_free", &rec.master_at_free }, { "puts", &rec.puts },
+		{ "irqs", &rec.irqs }, { "irqs_handled", &rec.irqs_handled }, { "irq_live", &rec.irq_live },
 	};
 	size_t i;
 

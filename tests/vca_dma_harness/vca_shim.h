@@ -106,6 +106,12 @@ typedef struct { long long counter; } atomic64_t;
 #define atomic64_add(n, a)	__atomic_add_fetch(&(a)->counter, (n), __ATOMIC_RELAXED)
 #define atomic64_read(a)	__atomic_load_n(&(a)->counter, __ATOMIC_RELAXED)
 
+typedef struct { int counter; } atomic_t;
+#define atomic_read(a)		__atomic_load_n(&(a)->counter, __ATOMIC_SEQ_CST)
+#define atomic_set(a, v)	__atomic_store_n(&(a)->counter, (v), __ATOMIC_SEQ_CST)
+#define atomic_inc(a)		__atomic_add_fetch(&(a)->counter, 1, __ATOMIC_SEQ_CST)
+#define atomic_or(v, a)		__atomic_or_fetch(&(a)->counter, (int)(v), __ATOMIC_SEQ_CST)
+
 struct kref { int refcount; };
 static inline void kref_init(struct kref *k) { k->refcount = 1; }
 static inline void kref_get(struct kref *k) { __atomic_add_fetch(&k->refcount, 1, __ATOMIC_SEQ_CST); }
@@ -128,6 +134,47 @@ struct ida { int next; };
 static inline int ida_alloc(struct ida *ida, gfp_t gfp) { return ida->next++; }
 static inline void ida_free(struct ida *ida, int id) { }
 static inline void ida_destroy(struct ida *ida) { ida->next = 0; }
+
+/* wait queues: one condition variable for all of them; jiffies are milliseconds */
+#define ERESTARTSYS		512
+typedef struct { int unused; } wait_queue_head_t;
+#define init_waitqueue_head(q)	do { } while (0)
+void wake_up(wait_queue_head_t *q);
+void h_wq_wait(void);		/* until a wake_up() or 1 ms */
+#define msecs_to_jiffies(ms)	((long)(ms))
+#define wait_event_interruptible_timeout(q, cond, t) ({				\
+	s64 __end = h_clock_ns(0) + (s64)(t) * 1000000;				\
+	long __r;								\
+	for (;;) {								\
+		s64 __left = __end - h_clock_ns(0);				\
+		if (cond) {							\
+			__r = __left > 1000000 ? __left / 1000000 : 1;		\
+			break;							\
+		}								\
+		if (h_signal_pending()) {					\
+			__r = -ERESTARTSYS;					\
+			break;							\
+		}								\
+		if (__left <= 0) {						\
+			__r = 0;						\
+			break;							\
+		}								\
+		h_wq_wait();							\
+	}								\
+	__r; })
+
+/* interrupts: the harness's engine calls the handler as an MSI would */
+typedef enum { IRQ_NONE, IRQ_HANDLED } irqreturn_t;
+typedef irqreturn_t (*irq_handler_t)(int irq, void *data);
+#define PCI_IRQ_MSI		2
+#define PCI_IRQ_MSIX		4
+struct pci_dev;
+int pci_alloc_irq_vectors(struct pci_dev *pdev, unsigned int min, unsigned int max, unsigned int flags);
+void pci_free_irq_vectors(struct pci_dev *pdev);
+int pci_irq_vector(struct pci_dev *pdev, unsigned int nr);
+int request_irq(unsigned int irq, irq_handler_t handler, unsigned long flags, const char *name,
+		void *data);
+void free_irq(unsigned int irq, void *data);
 
 /* time: monotonic and real clocks, sleeps; signals from the harness */
 s64 h_clock_ns(int real);
