@@ -223,8 +223,13 @@ static void vca_dma_ring_init(struct vca_dma *d)
 static bool vca_dma_abort(struct vca_dma *d)
 {
 	unsigned int us;
-	u32 ctrl;
+	u32 ctrl = chan_read(d, VCA_DMA_CTRL);
 
+	/* a channel that stopped by itself (an error) needs no abort, and may never report one done */
+	if (!vca_dma_no_answer(ctrl) && !(ctrl & VCA_DMA_CTRL_IN_PROGRESS)) {
+		vca_dma_ring_init(d);
+		return true;
+	}
 	vca_dma_ctrl(d, VCA_DMA_CTRL_ABORT);
 	for (us = 0; us < VCA_DMA_ABORT_TIMEOUT_US; us += VCA_DMA_ABORT_POLL_US) {
 		ctrl = chan_read(d, VCA_DMA_CTRL);
