@@ -43,10 +43,11 @@
 
 /* plx_dma upstream runs a ring of 2048; 1024 keeps it in 16 KiB. */
 #define VCA_DMA_RING_LEN	1024
+#define VCA_DMA_RING_BYTES	(sizeof(struct vca_dma_desc) * VCA_DMA_RING_LEN)
 #define VCA_DMA_SELFTEST_TIMEOUT_MS	200
 #define VCA_DMA_ABORT_TIMEOUT_US	10000
 #define VCA_DMA_ABORT_POLL_US		50
-/* WAIT without an interrupt: spin for the first ms of a copy, then sleep this long (lock dropped) */
+/* WAIT without an interrupt: spin for a copy's first ms, then sleep this long (lock dropped) */
 #define VCA_DMA_POLL_US		10
 /* WAIT with one: sleep until it comes, looking anyway this often in case one is lost */
 #define VCA_DMA_IRQ_FALLBACK_MS	10
@@ -137,11 +138,11 @@ struct vca_dma {
 	int irq;			/* the MSI's number, or 0: polled */
 	wait_queue_head_t wq;		/* WAIT sleeps here; the interrupt and remove() wake it */
 	atomic_t events;		/* bumped with every wake-up */
-	atomic_t irq_status;		/* INTR status bits the interrupt acknowledged since ring_init */
+	atomic_t irq_status;		/* INTR status the interrupt acked since ring_init */
 	atomic64_t submitted, completed, bytes, errors, timeouts, doorbells;
 	u64 last_selftest_mibps;
 	int last_selftest_result;
-	struct vca_dma_last {			/* the last copy that ended, as the engine left it */
+	struct vca_dma_last {		/* the last copy that ended, as the engine left it */
 		u64 cookie, bytes;
 		int status;
 		unsigned int n;
@@ -190,9 +191,9 @@ static void vca_dma_ring_init(struct vca_dma *d)
 {
 	u32 intr;
 
-	memset(d->ring, 0, sizeof(*d->ring) * VCA_DMA_RING_LEN);
+	memset(d->ring, 0, VCA_DMA_RING_BYTES);
 	d->head = 0;
-	/* ack the CTRL status bits (write 1 to clear), as Intel plx_dma.c:196-199 enables the channel */
+	/* ack CTRL's status bits (write 1 to clear), as Intel plx_dma.c:196-199 enables it */
 	vca_dma_ctrl(d, VCA_DMA_CTRL_STATUS_W1C);
 	/* the ring, as Intel plx_dma_chan_set_desc_ring() (plx_dma.c:220-233) */
 	chan_write(d, VCA_DMA_RING_ADDR_LO, lower_32_bits(d->ring_dma));
@@ -225,7 +226,7 @@ static bool vca_dma_abort(struct vca_dma *d)
 	unsigned int us;
 	u32 ctrl = chan_read(d, VCA_DMA_CTRL);
 
-	/* a channel that stopped by itself (an error) needs no abort, and may never report one done */
+	/* a channel that stopped by itself (an error) needs no abort, may never report one */
 	if (!vca_dma_no_answer(ctrl) && !(ctrl & VCA_DMA_CTRL_IN_PROGRESS)) {
 		vca_dma_ring_init(d);
 		return true;
@@ -316,12 +317,13 @@ static int vca_dma_poll(struct vca_dma *d, struct vca_dma_xfer *x, u64 *bytes)
 static void vca_dma_note(struct vca_dma *d, int st, u64 done)
 {
 	struct vca_dma_xfer *x = d->cur;
+	unsigned int last = (x->first + x->n - 1) % VCA_DMA_RING_LEN;
 
 	d->last = (struct vca_dma_last){
 		.cookie = x->cookie, .bytes = done, .status = st > 0 ? 0 : st ? -EIO : -EINPROGRESS,
 		.n = x->n,
 		.first_wb = le32_to_cpu(READ_ONCE(d->ring[x->first].ctl_size)),
-		.last_wb = le32_to_cpu(READ_ONCE(d->ring[(x->first + x->n - 1) % VCA_DMA_RING_LEN].ctl_size)),
+		.last_wb = le32_to_cpu(READ_ONCE(d->ring[last].ctl_size)),
 		.ctrl = chan_read(d, VCA_DMA_CTRL),
 		/* with what the interrupt acknowledged meanwhile */
 		.intr = chan_read(d, VCA_DMA_INTR) | atomic_read(&d->irq_status),
@@ -426,7 +428,6 @@ static int vca_dma_post(struct vca_dma *d, struct vca_dma_xfer *x, const struct 
 	return 0;
 }
 
-
 /* ---- the character device ---- */
 
 /* Read a versioned struct: the header's rule (copy_struct_from_user). */
@@ -474,8 +475,9 @@ static int vca_dma_pin_user(struct vca_dma *d, struct vca_dma_pin *p, u64 addr, 
 	p->pages = kvmalloc_array(n, sizeof(*p->pages), GFP_KERNEL);
 	if (!p->pages)
 		return -ENOMEM;
-	/* user space decides how long a copy stays in flight: a long-term pin (no CMA, no ZONE_MOVABLE) */
-	ret = pin_user_pages_fast(start, n, FOLL_LONGTERM | (engine_writes ? FOLL_WRITE : 0), p->pages);
+	/* user space decides how long a copy stays in flight: a long-term pin */
+	ret = pin_user_pages_fast(start, n, FOLL_LONGTERM | (engine_writes ? FOLL_WRITE : 0),
+				  p->pages);
 	if (ret < 0)
 		return ret;
 	p->npages = ret;
@@ -633,8 +635,8 @@ static int vca_dma_wait_poll(struct vca_dma *d, struct file *owner, u64 cookie, 
 			     int *st, u64 *done)
 {
 	ktime_t end = ktime_add_ms(ktime_get(), timeout_ms);
+	long left, fallback = msecs_to_jiffies(VCA_DMA_IRQ_FALLBACK_MS);
 	bool spin;
-	long left;
 	int ret, seq;
 
 	for (;;) {
@@ -652,8 +654,9 @@ static int vca_dma_wait_poll(struct vca_dma *d, struct file *owner, u64 cookie, 
 			return -EINTR;	/* the copy stays in flight: WAIT again */
 		}
 		if (d->irq) {
-			left = wait_event_interruptible_timeout(d->wq, atomic_read(&d->events) != seq,
-								msecs_to_jiffies(VCA_DMA_IRQ_FALLBACK_MS));
+			left = wait_event_interruptible_timeout(d->wq,
+								atomic_read(&d->events) != seq,
+								fallback);
 			if (left < 0) {
 				mutex_lock(&d->lock);
 				return -EINTR;
@@ -704,7 +707,8 @@ static int vca_dma_selftest(struct vca_dma *d)
 	} else if (d->cur) {
 		ret = -EBUSY;
 	} else {
-		x->cookie = cookie = ++d->next_cookie;
+		cookie = ++d->next_cookie;
+		x->cookie = cookie;
 		ret = vca_dma_post(d, x, &s, 1, &t, 1);
 		if (!ret) {
 			x = NULL;	/* d->cur owns it now */
@@ -985,7 +989,8 @@ static ssize_t last_copy_show(struct device *dev, struct device_attribute *attr,
 	mutex_unlock(&d->lock);
 	if (!l.cookie)
 		return sysfs_emit(buf, "none\n");
-	return sysfs_emit(buf, "cookie=%llu status=%d bytes=%llu descriptors=%u first_wb=%#010x last_wb=%#010x ctrl=%#010x intr=%#010x\n",
+	return sysfs_emit(buf,
+			  "cookie=%llu status=%d bytes=%llu descriptors=%u first_wb=%#010x last_wb=%#010x ctrl=%#010x intr=%#010x\n",
 			  l.cookie, l.status, l.bytes, l.n, l.first_wb, l.last_wb, l.ctrl, l.intr);
 }
 static DEVICE_ATTR_RO(last_copy);
@@ -1132,7 +1137,7 @@ static struct vca_dma_xfer *vca_dma_kill(struct vca_dma *d)
 	wake_up(&d->wq);		/* a sleeping WAIT sees gone now, not at its next look */
 	x = vca_dma_finish(d, true);
 	if (!d->wedged) {
-		/* tear the idle ring down: Intel plx_dma_chan_clear_desc_ring(), Linux __plx_dma_stop() */
+		/* idle ring torn down (Intel plx_dma_chan_clear_desc_ring, Linux __plx_dma_stop) */
 		chan_write(d, VCA_DMA_RING_SIZE, 0);
 		chan_write(d, VCA_DMA_RING_ADDR_LO, 0);
 		chan_write(d, VCA_DMA_RING_ADDR_HI, 0);
@@ -1164,7 +1169,7 @@ static void vca_dma_release_memory(struct vca_dma *d)
 	}
 	vca_dma_unmap_windows(d);
 	if (d->ring)
-		dma_free_coherent(&pdev->dev, sizeof(*d->ring) * VCA_DMA_RING_LEN, d->ring, d->ring_dma);
+		dma_free_coherent(&pdev->dev, VCA_DMA_RING_BYTES, d->ring, d->ring_dma);
 	d->ring = NULL;
 }
 
@@ -1258,8 +1263,7 @@ static int vca_dma_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 		goto err_put;
 	}
 	/* not devres: a wedged engine's ring must outlive the binding */
-	d->ring = dma_alloc_coherent(&pdev->dev, sizeof(*d->ring) * VCA_DMA_RING_LEN, &d->ring_dma,
-				     GFP_KERNEL);
+	d->ring = dma_alloc_coherent(&pdev->dev, VCA_DMA_RING_BYTES, &d->ring_dma, GFP_KERNEL);
 	if (!d->ring) {
 		ret = -ENOMEM;
 		goto err_put;
@@ -1304,7 +1308,7 @@ err_unmap:
 err_put:
 	pci_set_drvdata(pdev, NULL);
 	if (d->ring)
-		dma_free_coherent(&pdev->dev, sizeof(*d->ring) * VCA_DMA_RING_LEN, d->ring, d->ring_dma);
+		dma_free_coherent(&pdev->dev, VCA_DMA_RING_BYTES, d->ring, d->ring_dma);
 	kref_put(&d->ref, vca_dma_free);
 	return ret;
 }
@@ -1317,7 +1321,8 @@ static void vca_dma_remove(struct pci_dev *pdev)
 	vca_dma_xfer_free(d, vca_dma_kill(d));
 	vca_dma_free_irq(d);
 	vca_dma_release_memory(d);
-	dev_info(&pdev->dev, "vca_dma: /dev/%s removed%s\n", d->name, d->wedged ? " (engine wedged)" : "");
+	dev_info(&pdev->dev, "vca_dma: /dev/%s removed%s\n", d->name,
+		 d->wedged ? " (engine wedged)" : "");
 	ida_free(&vca_dma_ida, d->id);
 	kref_put(&d->ref, vca_dma_free);
 }
