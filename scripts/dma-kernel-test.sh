@@ -13,9 +13,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CACHE=${VCA_DMA_KERNEL_CACHE:-build/dma-kernel}
-hdr=$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -1 || true)
-kver=${hdr#/usr/src/linux-headers-}
-if [ -z "$hdr" ] || [ ! -r "/boot/vmlinuz-$kver" ]; then
+# the kernel linux-image-amd64 stands for, not whatever else /usr/src or /boot hold
+kver=$(dpkg-query -W -f '${Depends}' linux-image-amd64 2>/dev/null | grep -o 'linux-image-[^ ,]*' | head -1 || true)
+kver=${kver#linux-image-}
+hdr=/usr/src/linux-headers-$kver
+if [ -z "$kver" ] || [ ! -r "/boot/vmlinuz-$kver" ] || [ ! -d "$hdr" ]; then
     echo "no Debian kernel with its headers: apt-get install linux-image-amd64 linux-headers-amd64" >&2
     exit 1
 fi
