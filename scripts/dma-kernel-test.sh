@@ -42,6 +42,7 @@ if [ ! -s "$dir/initramfs.cpio.gz" ]; then
     mkdir -p "$dir.tmp/root/proc" "$dir.tmp/root/sys" "$dir.tmp/root/dev"
     (cd "$dir.tmp/root" && find . | sort | cpio -o -H newc --quiet -R 0:0) | gzip -9n > "$dir.tmp/initramfs.cpio.gz"
     rm -rf "$dir" && mv "$dir.tmp" "$dir"
+    find "$CACHE" -mindepth 1 -maxdepth 1 -type d ! -name "$key" -exec rm -rf {} +   # older sources' builds
     echo "built vca_dma.ko for $kver and the initramfs: $((SECONDS - start)) s ($dir)"
 fi
 log=$CACHE/console.log
