@@ -167,6 +167,49 @@ def verdict_dma(check, run_dir):
     return _passed(figures)
 
 
+DESC_VALID, DESC_WB_SUCCESS, DESC_SIZE_MASK = 1 << 31, 1 << 30, (1 << 27) - 1   # vca_dma_regs.h
+
+
+def _attr_fields(text):
+    """The key=value pairs of a vca_dma sysfs attribute ({} for "none" or nothing)."""
+    return dict(kv.split("=", 1) for kv in (text or "").split() if "=" in kv)
+
+
+def verdict_dma_first_copy(check, platform):
+    """The driver's self-test, the first copy on the card, with the words the engine wrote back (its
+    last_copy attribute): a pass needs the self-test to have compared every byte, the copy to have
+    ended with status 0, and its descriptor back with VALID clear, the success bit set and the size
+    field the whole copy (one descriptor: the self-test is under 2^27 bytes)."""
+    out = check.get("output") or {}
+    if not out.get("engines"):
+        return _skipped("%s: no PLX DMA engine bound to vca_dma (platform %s)" % (NEEDS_HARDWARE, platform))
+    test, last = _attr_fields(out.get("selftest")), _attr_fields(out.get("last_copy"))
+    try:
+        result, want = int(test["result"]), int(test["bytes"])
+        status, moved, wb = int(last["status"]), int(last["bytes"]), int(last["last_wb"], 16)
+    except (KeyError, ValueError):
+        return _failed("no self-test result or write-back words (selftest %r, last_copy %r, exit %s)"
+                       % (out.get("selftest"), out.get("last_copy"), out.get("rc")))
+    words = "write-back %s, ctrl %s, intr %s" % (last["last_wb"], last.get("ctrl"), last.get("intr"))
+    mibps = int(test.get("mibps", "0"))
+    figures = [{"what": "%s self-test" % out["engines"][0], "value": mibps, "unit": "MiB/s",
+                "platform": platform}] if result == 0 and mibps else []
+    problems = ["self-test result %d" % result] if result else []
+    if status:
+        problems.append("copy status %d" % status)
+    if wb & DESC_VALID:
+        problems.append("the engine never wrote the descriptor back (VALID still set)")
+    elif not wb & DESC_WB_SUCCESS:
+        problems.append("no success bit in the write-back (bit 29: the read failed, bit 28: the write)")
+    if (wb & DESC_SIZE_MASK) != want or moved != want:
+        problems.append("%d bytes written back of %d" % (wb & DESC_SIZE_MASK, want))
+    if problems:
+        return _failed("%s (%s)" % ("; ".join(problems), words), figures)
+    if platform != "hardware":
+        return _skipped("%s (platform %s; %s)" % (NEEDS_HARDWARE, platform, words))
+    return _passed(figures, reason=words)
+
+
 def verdict_capacity(check, run_dir):
     out = check.get("output") or {}
     if out.get("skipped"):
@@ -242,6 +285,8 @@ VERDICTS = {
     "node_rollback": lambda c, platforms, raw: verdict_node_rollback(c),
     "gemm": lambda c, platforms, raw: verdict_gemm(c, raw / c["name"]),
     "dma": lambda c, platforms, raw: verdict_dma(c, raw / c["name"]),
+    "dma_first_copy": lambda c, platforms, raw: verdict_dma_first_copy(
+        c, platforms.get(c.get("host"), {}).get("platform", "unknown")),
     "capacity": lambda c, platforms, raw: verdict_capacity(c, raw / c["name"]),
     "rapl": lambda c, platforms, raw: verdict_rapl(c, platforms),
     "farm_job": lambda c, platforms, raw: verdict_json_command(c, "ok", _farm_figures(c)),

@@ -3,9 +3,11 @@
 
 Model (seed): a direction a->b runs at min(a's send, b's recv) x efficiency, 0.96 being the
 seed's measured mean. Ranking ties: when two directions have the same binding figure, the
-one whose other (non-binding) figure is also lower ranks worse. This is a choice, made so
-that with the seed's figures 1->2 (min 2058, other 3129) ranks below 1->0 (min 2058, other
-3949), as the seed measured.
+one whose other (non-binding) figure is also lower ranks worse. This is an assumption, not a
+finding: it was chosen because it puts the seed's slowest measured direction (1->2: min 2058,
+other 3129) below 1->0 (min 2058, other 3949); one observation from the session the model
+came from validates nothing. The tests check the rule as stated on synthetic fleets only; a
+card's own matrix is what will say whether it holds.
 
 Ring search: exhaustive over Hamiltonian cycles (first node fixed) up to EXHAUSTIVE_MAX_NODES
 live nodes; beyond that a heuristic: greedy (always the best next direction) from every start

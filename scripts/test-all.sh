@@ -130,6 +130,7 @@ for g in $groups; do
         ;;
     image)
         step image scripts/image-test.sh
+        step dma-kernel scripts/dma-kernel-test.sh    # vca_dma in Debian's kernel under QEMU, ~50 s
         ;;
     fresh)
         STEP_WHY=no step fresh-machine scripts/fresh-check.sh    # its failed steps say why, below

@@ -165,3 +165,44 @@ def test_a_check_the_run_did_not_reach_is_skipped_with_why(tmp_path):
     _, run = make(tmp_path, [check("gemm", "gemm", output=stop), check("capacity", "capacity", output=stop)],
                   {"vca-node0": CARD})
     assert [(c["result"], c["reason"]) for c in run()["checks"]] == [("skipped", stop["skip_reason"])] * 2
+
+
+SELFTEST = "result=0 mibps=3900 bytes=1048576\n"
+WRITTEN_BACK = ("cookie=1 status=0 bytes=1048576 descriptors=1 first_wb=0x40100000 last_wb=0x40100000 "
+                "ctrl=0x0c0a6044 intr=0x00000000\n")
+
+
+def first_copy(last_copy=WRITTEN_BACK, selftest=SELFTEST, engines=("0000:03:00.1",)):
+    return check("dma_first_copy", "dma_first_copy", "vca-host",
+                 output={"rc": 0, "engines": list(engines), "selftest": selftest, "last_copy": last_copy})
+
+
+def test_the_first_copy_passes_on_a_card_with_the_engines_write_back_words_in_the_bundle(tmp_path):
+    _, run = make(tmp_path, [first_copy()], {"vca-host": CARD})
+    bundle = run()
+    [c] = bundle["checks"]
+    assert c["result"] == "pass" and "write-back 0x40100000" in c["reason"], c
+    assert c["figures"] == [{"what": "0000:03:00.1 self-test", "value": 3900, "unit": "MiB/s",
+                             "platform": "hardware"}]
+    jsonschema.validate(bundle, SCHEMA)
+
+
+@pytest.mark.parametrize("last_copy,why", [
+    (WRITTEN_BACK.replace("last_wb=0x40100000", "last_wb=0x80100000"), "VALID still set"),
+    (WRITTEN_BACK.replace("last_wb=0x40100000", "last_wb=0x10000000"), "no success bit"),
+    (WRITTEN_BACK.replace("last_wb=0x40100000", "last_wb=0x400ffff0"), "1048560 bytes written back"),
+    (WRITTEN_BACK.replace("status=0", "status=-5"), "copy status -5"),
+    ("none\n", "no self-test result"),
+])
+def test_the_first_copy_fails_on_what_the_engine_wrote_back(tmp_path, last_copy, why):
+    _, run = make(tmp_path, [first_copy(last_copy)], {"vca-host": CARD})
+    [c] = run()["checks"]
+    assert c["result"] == "fail" and why in c["reason"], c
+
+
+def test_the_first_copy_without_an_engine_or_off_a_card_is_skipped(tmp_path):
+    _, run = make(tmp_path, [first_copy(engines=())], {"vca-host": LAB})
+    assert run()["checks"][0]["result"] == "skipped"
+    _, run = make(tmp_path / "lab", [first_copy()], {"vca-host": LAB})
+    [c] = run()["checks"]
+    assert c["result"] == "skipped" and c["reason"].startswith("needs hardware"), c

@@ -18,6 +18,7 @@
 #include <linux/dma-mapping.h>
 #include <linux/fs.h>
 #include <linux/idr.h>
+#include <linux/interrupt.h>
 #include <linux/io.h>
 #include <linux/kref.h>
 #include <linux/ktime.h>
@@ -33,6 +34,7 @@
 #include <linux/slab.h>
 #include <linux/string.h>
 #include <linux/uaccess.h>
+#include <linux/wait.h>
 #include <linux/capability.h>
 
 #include "plx_mbox.h"
@@ -41,10 +43,14 @@
 
 /* plx_dma upstream runs a ring of 2048; 1024 keeps it in 16 KiB. */
 #define VCA_DMA_RING_LEN	1024
+#define VCA_DMA_RING_BYTES	(sizeof(struct vca_dma_desc) * VCA_DMA_RING_LEN)
 #define VCA_DMA_SELFTEST_TIMEOUT_MS	200
 #define VCA_DMA_ABORT_TIMEOUT_US	10000
-/* WAIT's poll: spin for the first ms of a copy, then sleep this long (lock dropped) */
+#define VCA_DMA_ABORT_POLL_US		50
+/* WAIT without an interrupt: spin for a copy's first ms, then sleep this long (lock dropped) */
 #define VCA_DMA_POLL_US		10
+/* WAIT with one: sleep until it comes, looking anyway this often in case one is lost */
+#define VCA_DMA_IRQ_FALLBACK_MS	10
 #define VCA_DMA_MAX_WINDOWS	16
 #define VCA_DMA_MAX_NODE	15
 #define VCA_DMA_ADDR_LIMIT	BIT_ULL(48)
@@ -65,10 +71,6 @@ static char *windows;
 module_param(windows, charp, 0444);
 MODULE_PARM_DESC(windows, "A-LUT windows: peer@busaddr+len[,...], peer 'host' or a node index");
 
-static char *fault;
-module_param(fault, charp, 0444);
-MODULE_PARM_DESC(fault, "TEST ONLY: fail on purpose at ring_alloc,cdev,sysfs,pin,map,submit,wait_timeout");
-
 static unsigned int doorbell_spad = 7;
 module_param(doorbell_spad, uint, 0444);
 MODULE_PARM_DESC(doorbell_spad, "scratchpad written before a DOORBELL (default 7, as vca_mbox)");
@@ -76,34 +78,6 @@ MODULE_PARM_DESC(doorbell_spad, "scratchpad written before a DOORBELL (default 7
 static unsigned int doorbell = 15;
 module_param(doorbell, uint, 0444);
 MODULE_PARM_DESC(doorbell, "doorbell rung by DOORBELL (default 15, as vca_mbox)");
-
-enum vca_dma_fault {
-	FAULT_RING_ALLOC,
-	FAULT_CDEV,
-	FAULT_SYSFS,
-	FAULT_PIN,
-	FAULT_MAP,
-	FAULT_SUBMIT,
-	FAULT_WAIT_TIMEOUT,
-	FAULT_NR,
-};
-
-static const char * const fault_names[FAULT_NR] = {
-	[FAULT_RING_ALLOC] = "ring_alloc",
-	[FAULT_CDEV] = "cdev",
-	[FAULT_SYSFS] = "sysfs",
-	[FAULT_PIN] = "pin",
-	[FAULT_MAP] = "map",
-	[FAULT_SUBMIT] = "submit",
-	[FAULT_WAIT_TIMEOUT] = "wait_timeout",
-};
-
-static unsigned long fault_mask;
-
-static bool fault_at(enum vca_dma_fault site)
-{
-	return test_bit(site, &fault_mask);
-}
 
 struct vca_dma_win {
 	s32 peer;
@@ -146,9 +120,10 @@ struct vca_dma {
 	struct kref ref;
 	struct pci_dev *pdev;
 	void __iomem *regs;
-	struct vca_dma_desc *ring;
+	struct vca_dma_desc *ring;	/* kept for good if the engine wedges */
 	dma_addr_t ring_dma;
 	unsigned int head;
+	u32 ctrl_cfg;			/* CTRL bits 29:13 as the firmware set them */
 	struct mutex lock;		/* the ring, cur, gone; WAIT drops it to sleep */
 	struct vca_dma_xfer *cur;	/* the copy in flight, one per engine */
 	bool gone;			/* removed: files still open answer -ENODEV */
@@ -160,9 +135,19 @@ struct vca_dma {
 	char name[20];		/* "vca_dma" and any int */
 	char bdf[16];
 	struct miscdevice misc;
+	int irq;			/* the MSI's number, or 0: polled */
+	wait_queue_head_t wq;		/* WAIT sleeps here; the interrupt and remove() wake it */
+	atomic_t events;		/* bumped with every wake-up */
+	atomic_t irq_status;		/* INTR status the interrupt acked since ring_init */
 	atomic64_t submitted, completed, bytes, errors, timeouts, doorbells;
 	u64 last_selftest_mibps;
 	int last_selftest_result;
+	struct vca_dma_last {		/* the last copy that ended, as the engine left it */
+		u64 cookie, bytes;
+		int status;
+		unsigned int n;
+		u32 first_wb, last_wb, ctrl, intr;
+	} last;
 };
 
 static u32 chan_read(struct vca_dma *d, u32 reg)
@@ -183,29 +168,78 @@ static void vca_dma_free(struct kref *ref)
 	kfree(d);
 }
 
+/* A register that reads all ones: the function did not answer (link down, surprise removal). */
+static bool vca_dma_no_answer(u32 v)
+{
+	return v == ~0U;
+}
+
+/*
+ * Every CTRL write: the firmware's bits 29:13 kept, write-back on, descriptors
+ * off-chip, plus @bits (Intel plx_dma.c:186-193 builds this value once and
+ * writes it for every command; Linux writes PLX_REG_CTRL_START_VAL, which has
+ * write-back on, as a 16-bit write that leaves bits 31:16 alone).
+ */
+static void vca_dma_ctrl(struct vca_dma *d, u32 bits)
+{
+	chan_write(d, VCA_DMA_CTRL, d->ctrl_cfg | VCA_DMA_CTRL_WB_ENABLE |
+		   VCA_DMA_CTRL_OFFCHIP_MODE | bits);
+}
+
+/* The channel idle: an empty ring at index 0, every latched status bit acknowledged. */
 static void vca_dma_ring_init(struct vca_dma *d)
 {
-	memset(d->ring, 0, sizeof(*d->ring) * VCA_DMA_RING_LEN);
+	u32 intr;
+
+	memset(d->ring, 0, VCA_DMA_RING_BYTES);
 	d->head = 0;
+	/* ack CTRL's status bits (write 1 to clear), as Intel plx_dma.c:196-199 enables it */
+	vca_dma_ctrl(d, VCA_DMA_CTRL_STATUS_W1C);
+	/* the ring, as Intel plx_dma_chan_set_desc_ring() (plx_dma.c:220-233) */
 	chan_write(d, VCA_DMA_RING_ADDR_LO, lower_32_bits(d->ring_dma));
 	chan_write(d, VCA_DMA_RING_ADDR_HI, upper_32_bits(d->ring_dma));
 	chan_write(d, VCA_DMA_RING_SIZE, VCA_DMA_RING_LEN);
 	chan_write(d, VCA_DMA_NEXT_DESC_LO, lower_32_bits(d->ring_dma));
-	chan_write(d, VCA_DMA_INTR, 0);		/* polled: no interrupts */
+	/*
+	 * The status bits read written back to clear them (Intel
+	 * plx_dma_ack_interrupt(), plx_dma.c:668-673; Linux plx_dma_isr() writes
+	 * back what it read the same way); with an MSI, the error and invalid
+	 * descriptor interrupts on (Intel enables error and abort-done, 210-218),
+	 * the copy's own end comes from its last descriptor's INTR flag (Linux
+	 * PLX_DESC_FLAG_INT_WHEN_DONE); polled, every enable off.
+	 */
+	intr = chan_read(d, VCA_DMA_INTR);
+	if (!vca_dma_no_answer(intr))
+		chan_write(d, VCA_DMA_INTR, (intr & VCA_DMA_INTR_STATUS_MASK) |
+			   (d->irq ? VCA_DMA_INTR_ERROR_EN | VCA_DMA_INTR_INVALID_EN : 0));
+	atomic_set(&d->irq_status, 0);
 }
 
-/* Stop the channel; false if the engine never said the abort was done. */
+/*
+ * Stop the channel; false if the engine never said the abort was done. Lock
+ * held; it sleeps between reads. Neither reference driver aborts (both pause
+ * gracefully, then tear the ring down): ABORT and ABORT_DONE are the bits
+ * both define (PLX_DMA_CTRL_ABORT, PLX_DMA_CTRL_ABORT_DONE_STATUS).
+ */
 static bool vca_dma_abort(struct vca_dma *d)
 {
-	int us;
+	unsigned int us;
+	u32 ctrl = chan_read(d, VCA_DMA_CTRL);
 
-	chan_write(d, VCA_DMA_CTRL, VCA_DMA_CTRL_ABORT);
-	for (us = 0; us < VCA_DMA_ABORT_TIMEOUT_US; us++) {
-		if (chan_read(d, VCA_DMA_CTRL) & VCA_DMA_CTRL_ABORT_DONE) {
+	/* a channel that stopped by itself (an error) needs no abort, may never report one */
+	if (!vca_dma_no_answer(ctrl) && !(ctrl & VCA_DMA_CTRL_IN_PROGRESS)) {
+		vca_dma_ring_init(d);
+		return true;
+	}
+	vca_dma_ctrl(d, VCA_DMA_CTRL_ABORT);
+	for (us = 0; us < VCA_DMA_ABORT_TIMEOUT_US; us += VCA_DMA_ABORT_POLL_US) {
+		ctrl = chan_read(d, VCA_DMA_CTRL);
+		if (!vca_dma_no_answer(ctrl) && (ctrl & VCA_DMA_CTRL_ABORT_DONE) &&
+		    !(ctrl & VCA_DMA_CTRL_IN_PROGRESS)) {
 			vca_dma_ring_init(d);
 			return true;
 		}
-		udelay(1);
+		usleep_range(VCA_DMA_ABORT_POLL_US, 2 * VCA_DMA_ABORT_POLL_US);
 	}
 	return false;
 }
@@ -222,20 +256,31 @@ static void vca_dma_unpin(struct vca_dma *d, struct vca_dma_pin *p)
 	memset(p, 0, sizeof(*p));
 }
 
+/* Unpin and free a copy that is no longer in flight (no lock held: unpinning may sleep). */
 static void vca_dma_xfer_free(struct vca_dma *d, struct vca_dma_xfer *x)
 {
 	int i;
 
+	if (!x)
+		return;
 	for (i = 0; i < x->npins; i++)
 		vca_dma_unpin(d, &x->pin[i]);
 	kfree(x);
 }
 
-/* 1: done, 0: in flight, -EIO: the engine failed it. bytes: what completed. */
+/*
+ * 1: done, 0: in flight, -EIO: the engine failed it. bytes: what the engine
+ * wrote back it moved. A finished descriptor has VALID cleared and either
+ * WB_SUCCESS or a failure bit, its size field the bytes moved (Linux
+ * plx_dma_process_desc(): residue = size - written-back size). While the copy
+ * runs, a latched ERROR or INVALID status fails it (Intel plx_dma_thread_fn()
+ * counts both as a hang); all ones is no answer, not status.
+ */
 static int vca_dma_poll(struct vca_dma *d, struct vca_dma_xfer *x, u64 *bytes)
 {
 	unsigned int i;
 	u64 done = 0;
+	u32 intr;
 	int ret = 1;
 
 	for (i = 0; i < x->n; i++) {
@@ -246,14 +291,20 @@ static int vca_dma_poll(struct vca_dma *d, struct vca_dma_xfer *x, u64 *bytes)
 			ret = 0;
 			break;
 		}
-		if (ctl & (VCA_DMA_DESC_SRC_LINK_ERR | VCA_DMA_DESC_DST_LINK_ERR)) {
+		done += ctl & VCA_DMA_DESC_SIZE_MASK;
+		if (!(ctl & VCA_DMA_DESC_WB_SUCCESS)) {
 			ret = -EIO;
 			break;
 		}
-		done += x->len[i];
 	}
-	if (ret == 0 && (chan_read(d, VCA_DMA_INTR) & (VCA_DMA_INTR_ERROR | VCA_DMA_INTR_INVALID)))
-		ret = -EIO;
+	if (ret == 0) {
+		intr = chan_read(d, VCA_DMA_INTR);
+		if (vca_dma_no_answer(intr))
+			intr = 0;
+		intr |= atomic_read(&d->irq_status);	/* what the interrupt acked already */
+		if (intr & (VCA_DMA_INTR_ERROR | VCA_DMA_INTR_INVALID))
+			ret = -EIO;
+	}
 	if (ret > 0 && !x->done_real_ns) {
 		x->t_done = ktime_get();
 		x->done_real_ns = ktime_get_real_ns();
@@ -262,19 +313,37 @@ static int vca_dma_poll(struct vca_dma *d, struct vca_dma_xfer *x, u64 *bytes)
 	return ret;
 }
 
+/* Note what the engine wrote back for the copy in flight, which ended with @st (lock held). */
+static void vca_dma_note(struct vca_dma *d, int st, u64 done)
+{
+	struct vca_dma_xfer *x = d->cur;
+	unsigned int last = (x->first + x->n - 1) % VCA_DMA_RING_LEN;
+
+	d->last = (struct vca_dma_last){
+		.cookie = x->cookie, .bytes = done, .status = st > 0 ? 0 : st ? -EIO : -EINPROGRESS,
+		.n = x->n,
+		.first_wb = le32_to_cpu(READ_ONCE(d->ring[x->first].ctl_size)),
+		.last_wb = le32_to_cpu(READ_ONCE(d->ring[last].ctl_size)),
+		.ctrl = chan_read(d, VCA_DMA_CTRL),
+		/* with what the interrupt acknowledged meanwhile */
+		.intr = chan_read(d, VCA_DMA_INTR) | atomic_read(&d->irq_status),
+	};
+}
+
 /*
- * End the copy in flight (lock held). If the engine may still be running,
- * abort it first; where the abort does not complete the pages stay pinned
- * and mapped for good (the engine may still write them) and the engine
- * takes no more copies.
+ * End the copy in flight (lock held) and hand it back for the caller to free
+ * once the lock is dropped. If the engine may still be running, abort it
+ * first; where the abort does not complete, the copy's pages stay pinned and
+ * mapped for good (the engine may still write them), NULL is returned and the
+ * engine takes no more copies.
  */
-static void vca_dma_finish(struct vca_dma *d, bool abort)
+static struct vca_dma_xfer *vca_dma_finish(struct vca_dma *d, bool abort)
 {
 	struct vca_dma_xfer *x = d->cur;
 	u64 done;
 
 	if (!x)
-		return;
+		return NULL;
 	/* an idle channel may never report ABORT_DONE: abort only what still runs */
 	if (abort && vca_dma_poll(d, x, &done) > 0)
 		abort = false;
@@ -283,9 +352,9 @@ static void vca_dma_finish(struct vca_dma *d, bool abort)
 		dev_err(&d->pdev->dev, "abort did not complete: engine disabled, %d buffers left pinned\n",
 			x->npins);
 		d->wedged = true;
-		return;		/* x leaks on purpose */
+		return NULL;	/* x leaks on purpose */
 	}
-	vca_dma_xfer_free(d, x);
+	return x;
 }
 
 /* Write one descriptor per piece, VALID last in each, then START. Lock held, ring idle. */
@@ -336,6 +405,8 @@ static int vca_dma_post(struct vca_dma *d, struct vca_dma_xfer *x, const struct 
 	c = start;
 	while ((l = vca_dma_next_piece(&c, &s, &t))) {
 		struct vca_dma_desc *desc = &d->ring[d->head];
+		/* with an MSI, the last descriptor interrupts when it is done */
+		u32 flags = VCA_DMA_DESC_VALID | (d->irq && x->n + 1 == n ? VCA_DMA_DESC_INTR : 0);
 
 		desc->addr_hi = cpu_to_le32(((upper_32_bits(s) & 0xffff) << 16) |
 					    (upper_32_bits(t) & 0xffff));
@@ -343,111 +414,19 @@ static int vca_dma_post(struct vca_dma *d, struct vca_dma_xfer *x, const struct 
 		desc->src_lo = cpu_to_le32(lower_32_bits(s));
 		/* VALID last: the engine may fetch the descriptor as soon as it is set. */
 		dma_wmb();
-		WRITE_ONCE(desc->ctl_size, cpu_to_le32(VCA_DMA_DESC_VALID | (u32)l));
+		WRITE_ONCE(desc->ctl_size, cpu_to_le32(flags | (u32)l));
 		x->len[x->n++] = l;
 		d->head = (d->head + 1) % VCA_DMA_RING_LEN;
 	}
 	wmb();	/* descriptors in memory before the engine is started */
 	x->t0 = ktime_get();
 	x->start_real_ns = ktime_get_real_ns();
-	chan_write(d, VCA_DMA_CTRL, VCA_DMA_CTRL_STATUS_W1C | VCA_DMA_CTRL_OFFCHIP_MODE |
-		   VCA_DMA_CTRL_START);
+	/* START with every status bit acked: Intel plx_dma_issue_pending(), plx_dma.c:235-247 */
+	vca_dma_ctrl(d, VCA_DMA_CTRL_STATUS_W1C | VCA_DMA_CTRL_START);
 	d->cur = x;
 	atomic64_inc(&d->submitted);
 	return 0;
 }
-
-/* Copy random data between two host buffers through the engine and compare every byte. */
-static int vca_dma_selftest(struct vca_dma *d)
-{
-	struct device *dev = &d->pdev->dev;
-	size_t len = selftest_bytes;
-	struct vca_dma_seg s, t;
-	struct vca_dma_xfer *x;
-	dma_addr_t src_dma, dst_dma;
-	void *src, *dst;
-	u64 done;
-	s64 ns = 0;
-	int ret;
-
-	if (!len || len > VCA_DMA_DESC_SIZE_MASK || len % 4)
-		return -EINVAL;
-	x = kzalloc(sizeof(*x), GFP_KERNEL);
-	src = dma_alloc_coherent(dev, len, &src_dma, GFP_KERNEL);
-	dst = dma_alloc_coherent(dev, len, &dst_dma, GFP_KERNEL);
-	if (!x || !src || !dst) {
-		ret = -ENOMEM;
-		goto out;
-	}
-	get_random_bytes(src, len);
-	memset(dst, 0, len);
-	s = (struct vca_dma_seg){ src_dma, len };
-	t = (struct vca_dma_seg){ dst_dma, len };
-
-	mutex_lock(&d->lock);
-	if (d->gone || d->wedged) {
-		ret = -ENODEV;
-	} else if (d->cur) {
-		ret = -EBUSY;
-	} else {
-		ret = vca_dma_post(d, x, &s, 1, &t, 1);
-		if (!ret) {
-			ktime_t end = ktime_add_ms(x->t0, VCA_DMA_SELFTEST_TIMEOUT_MS);
-
-			x = NULL;	/* d->cur owns it now */
-			while ((ret = vca_dma_poll(d, d->cur, &done)) == 0 &&
-			       ktime_before(ktime_get(), end))
-				udelay(1);
-			ns = ktime_to_ns(ktime_sub(ktime_get(), d->cur->t0));
-			if (ret == 0) {
-				atomic64_inc(&d->timeouts);
-				ret = -ETIMEDOUT;
-			} else if (ret < 0) {
-				atomic64_inc(&d->errors);
-			} else {
-				atomic64_inc(&d->completed);
-				atomic64_add(len, &d->bytes);
-				ret = 0;
-			}
-			vca_dma_finish(d, ret != 0);
-			/* a wedged engine may still write dst: do not free it */
-			if (d->wedged)
-				dst = NULL;
-		}
-	}
-	mutex_unlock(&d->lock);
-
-	if (!ret && memcmp(src, dst, len))
-		ret = -EILSEQ;		/* timed, but the data did not land: no figure */
-	d->last_selftest_mibps = (!ret && ns > 0) ?
-		div64_u64((u64)len * 1000000000ULL, (u64)ns << 20) : 0;
-out:
-	kfree(x);
-	if (src)
-		dma_free_coherent(dev, len, src, src_dma);
-	if (dst)
-		dma_free_coherent(dev, len, dst, dst_dma);
-	d->last_selftest_result = ret;
-	return ret;
-}
-
-static ssize_t selftest_store(struct device *dev, struct device_attribute *attr, const char *buf,
-			      size_t count)
-{
-	int ret = vca_dma_selftest(dev_get_drvdata(dev));
-
-	return ret ? ret : count;
-}
-
-static ssize_t selftest_show(struct device *dev, struct device_attribute *attr, char *buf)
-{
-	struct vca_dma *d = dev_get_drvdata(dev);
-
-	/* Reading reports the last result only; it never starts a transfer. */
-	return sysfs_emit(buf, "result=%d mibps=%llu bytes=%u\n", d->last_selftest_result,
-			  d->last_selftest_mibps, selftest_bytes);
-}
-static DEVICE_ATTR_RW(selftest);
 
 /* ---- the character device ---- */
 
@@ -471,8 +450,19 @@ static int vca_dma_put(void __user *u, const void *k, size_t ksize, u32 usize)
 	return copy_to_user(u, k, min_t(size_t, ksize, usize)) ? -EFAULT : 0;
 }
 
+/* false once the engine is removed (or its probe failed). */
+static bool vca_dma_alive(struct vca_dma *d)
+{
+	bool alive;
+
+	mutex_lock(&d->lock);
+	alive = !d->gone;
+	mutex_unlock(&d->lock);
+	return alive;
+}
+
 static int vca_dma_pin_user(struct vca_dma *d, struct vca_dma_pin *p, u64 addr, u64 len,
-			    bool engine_writes, bool last)
+			    bool engine_writes)
 {
 	unsigned long start = addr & PAGE_MASK;
 	unsigned int off = offset_in_page(addr);
@@ -485,8 +475,9 @@ static int vca_dma_pin_user(struct vca_dma *d, struct vca_dma_pin *p, u64 addr, 
 	p->pages = kvmalloc_array(n, sizeof(*p->pages), GFP_KERNEL);
 	if (!p->pages)
 		return -ENOMEM;
-	ret = (last && fault_at(FAULT_PIN)) ? -EFAULT :
-		pin_user_pages_fast(start, n, engine_writes ? FOLL_WRITE : 0, p->pages);
+	/* user space decides how long a copy stays in flight: a long-term pin */
+	ret = pin_user_pages_fast(start, n, FOLL_LONGTERM | (engine_writes ? FOLL_WRITE : 0),
+				  p->pages);
 	if (ret < 0)
 		return ret;
 	p->npages = ret;
@@ -495,8 +486,6 @@ static int vca_dma_pin_user(struct vca_dma *d, struct vca_dma_pin *p, u64 addr, 
 	ret = sg_alloc_table_from_pages(&p->sgt, p->pages, n, off, len, GFP_KERNEL);
 	if (ret)
 		return ret;
-	if (last && fault_at(FAULT_MAP))
-		return -ENOMEM;
 	ret = dma_map_sgtable(&d->pdev->dev, &p->sgt, p->dir, 0);
 	if (ret)
 		return ret;
@@ -565,21 +554,21 @@ static long vca_dma_ioc_submit(struct vca_dma *d, struct file *file, void __user
 		return -ENOMEM;
 	x->owner = file;
 
-	mutex_lock(&d->lock);
-	if (d->gone || d->wedged) {
+	/*
+	 * Pin and map without the lock: a fault may block for as long as user
+	 * space likes (userfaultfd, FUSE, NFS), and release() and remove() must
+	 * not wait for it. The engine's state is checked once the lock is taken.
+	 */
+	if (!vca_dma_alive(d)) {
 		ret = -ENODEV;
-		goto out_unlock;
-	}
-	if (d->cur) {
-		ret = -EBUSY;
-		goto out_unlock;
+		goto out_free;
 	}
 	x->npins = user_target ? 2 : 1;
-	ret = vca_dma_pin_user(d, &x->pin[0], c.user_addr, c.length, !to_target, !user_target);
+	ret = vca_dma_pin_user(d, &x->pin[0], c.user_addr, c.length, !to_target);
 	if (ret)
 		goto out_free;
 	if (user_target) {
-		ret = vca_dma_pin_user(d, &x->pin[1], c.target_offset, c.length, to_target, true);
+		ret = vca_dma_pin_user(d, &x->pin[1], c.target_offset, c.length, to_target);
 		if (ret)
 			goto out_free;
 	}
@@ -598,82 +587,175 @@ static long vca_dma_ioc_submit(struct vca_dma *d, struct file *file, void __user
 		tseg = &wseg;
 		nt = 1;
 	}
-	if (fault_at(FAULT_SUBMIT)) {
-		ret = -EIO;
-		goto out_free;
+
+	mutex_lock(&d->lock);
+	if (d->gone || d->wedged) {
+		ret = -ENODEV;
+	} else if (d->cur) {
+		ret = -EBUSY;
+	} else {
+		x->cookie = ++d->next_cookie;
+		ret = to_target ? vca_dma_post(d, x, useg, nu, tseg, nt) :
+				  vca_dma_post(d, x, tseg, nt, useg, nu);
 	}
-	x->cookie = ++d->next_cookie;
-	ret = to_target ? vca_dma_post(d, x, useg, nu, tseg, nt) :
-			  vca_dma_post(d, x, tseg, nt, useg, nu);
+	mutex_unlock(&d->lock);
 	if (ret)
 		goto out_free;
 	c.cookie = x->cookie;
-	x = NULL;
-	ret = vca_dma_put(u, &c, sizeof(c), usize);
 	/* the copy runs; a failed write-back leaves it for WAIT or release() */
-	goto out_unlock;
+	ret = vca_dma_put(u, &c, sizeof(c), usize);
+	x = NULL;
 
 out_free:
 	vca_dma_xfer_free(d, x);
-	x = NULL;
-out_unlock:
-	mutex_unlock(&d->lock);
-	kfree(x);
 	kfree(useg);
 	if (tseg != &wseg)
 		kfree(tseg);
 	return ret;
 }
 
-/* 0 if the copy in flight is this file's @cookie. Lock held. */
-static int vca_dma_waited(struct vca_dma *d, struct file *file, u64 cookie)
+/* 0 if the copy in flight is @owner's @cookie (owner NULL: the self-test). Lock held. */
+static int vca_dma_waited(struct vca_dma *d, struct file *owner, u64 cookie)
 {
 	if (d->gone)
 		return -ENODEV;
-	if (!d->cur || d->cur->owner != file || d->cur->cookie != cookie)
+	if (!d->cur || d->cur->owner != owner || d->cur->cookie != cookie)
 		return -ENOENT;
 	return 0;
 }
 
 /*
- * Poll until the copy ends, fails or the timeout passes; *st is the last
+ * Poll until the copy ends, fails or timeout_ms passes; *st is the last
  * poll's answer. The lock is held only to look, never across a sleep, so
  * SUBMIT from another file answers -EBUSY and release() and remove() go
  * through (the copy or the engine is then gone: -ENOENT, -ENODEV). Called
  * and returns with the lock held.
  */
-static int vca_dma_wait_poll(struct vca_dma *d, struct file *file, const struct vca_dma_wait *w,
+static int vca_dma_wait_poll(struct vca_dma *d, struct file *owner, u64 cookie, u32 timeout_ms,
 			     int *st, u64 *done)
 {
-	ktime_t end = ktime_add_ms(ktime_get(), w->timeout_ms);
+	ktime_t end = ktime_add_ms(ktime_get(), timeout_ms);
+	long left, fallback = msecs_to_jiffies(VCA_DMA_IRQ_FALLBACK_MS);
 	bool spin;
-	int ret;
+	int ret, seq;
 
 	for (;;) {
-		ret = vca_dma_waited(d, file, w->cookie);
+		ret = vca_dma_waited(d, owner, cookie);
 		if (ret)
 			return ret;
+		seq = atomic_read(&d->events);
 		*st = vca_dma_poll(d, d->cur, done);
-		if (*st || !w->timeout_ms || fault_at(FAULT_WAIT_TIMEOUT) ||
-		    !ktime_before(ktime_get(), end))
+		if (*st || !timeout_ms || !ktime_before(ktime_get(), end))
 			return 0;
-		spin = ktime_us_delta(ktime_get(), d->cur->t0) < 1000;
+		spin = !d->irq && ktime_us_delta(ktime_get(), d->cur->t0) < 1000;
 		mutex_unlock(&d->lock);
 		if (signal_pending(current)) {
 			mutex_lock(&d->lock);
 			return -EINTR;	/* the copy stays in flight: WAIT again */
 		}
-		if (spin)
+		if (d->irq) {
+			left = wait_event_interruptible_timeout(d->wq,
+								atomic_read(&d->events) != seq,
+								fallback);
+			if (left < 0) {
+				mutex_lock(&d->lock);
+				return -EINTR;
+			}
+		} else if (spin) {
 			udelay(1);
-		else
+		} else {
 			usleep_range(VCA_DMA_POLL_US, 2 * VCA_DMA_POLL_US);
+		}
 		mutex_lock(&d->lock);
 	}
 }
 
+/*
+ * Copy random data between two host buffers through the engine and compare
+ * every byte. It waits as WAIT does, without the lock across a sleep.
+ */
+static int vca_dma_selftest(struct vca_dma *d)
+{
+	struct device *dev = &d->pdev->dev;
+	size_t len = selftest_bytes;
+	struct vca_dma_xfer *x, *end = NULL;
+	struct vca_dma_seg s, t;
+	dma_addr_t src_dma, dst_dma;
+	void *src, *dst;
+	bool keep = false;
+	u64 done, cookie = 0;
+	s64 ns = 0;
+	int ret, st = 0;
+
+	if (!len || len > VCA_DMA_DESC_MAX || len % 4)
+		return -EINVAL;
+	x = kzalloc(sizeof(*x), GFP_KERNEL);
+	src = dma_alloc_coherent(dev, len, &src_dma, GFP_KERNEL);
+	dst = dma_alloc_coherent(dev, len, &dst_dma, GFP_KERNEL);
+	if (!x || !src || !dst) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	get_random_bytes(src, len);
+	memset(dst, 0, len);
+	s = (struct vca_dma_seg){ src_dma, len };
+	t = (struct vca_dma_seg){ dst_dma, len };
+
+	mutex_lock(&d->lock);
+	if (d->gone || d->wedged) {
+		ret = -ENODEV;
+	} else if (d->cur) {
+		ret = -EBUSY;
+	} else {
+		cookie = ++d->next_cookie;
+		x->cookie = cookie;
+		ret = vca_dma_post(d, x, &s, 1, &t, 1);
+		if (!ret) {
+			x = NULL;	/* d->cur owns it now */
+			ret = vca_dma_wait_poll(d, NULL, cookie, VCA_DMA_SELFTEST_TIMEOUT_MS, &st,
+						&done);
+			if (!ret) {
+				ns = ktime_to_ns(ktime_sub(st > 0 ? d->cur->t_done : ktime_get(),
+							   d->cur->t0));
+				vca_dma_note(d, st, done);
+				if (st == 0) {
+					atomic64_inc(&d->timeouts);
+					ret = -ETIMEDOUT;
+				} else if (st < 0 || done != len) {
+					atomic64_inc(&d->errors);
+					ret = -EIO;
+				} else {
+					atomic64_inc(&d->completed);
+					atomic64_add(len, &d->bytes);
+				}
+				end = vca_dma_finish(d, ret != 0);
+			} else if (ret == -EINTR) {
+				end = vca_dma_finish(d, true);
+			}
+			/* a wedged engine may still write dst (and read src): keep both */
+			keep = d->wedged;
+		}
+	}
+	mutex_unlock(&d->lock);
+	vca_dma_xfer_free(d, end);
+
+	if (!ret && memcmp(src, dst, len))
+		ret = -EILSEQ;		/* timed, but the data did not land: no figure */
+	d->last_selftest_mibps = (!ret && ns > 0) ?
+		div64_u64((u64)len * 1000000000ULL, (u64)ns << 20) : 0;
+out:
+	kfree(x);
+	if (src && !keep)
+		dma_free_coherent(dev, len, src, src_dma);
+	if (dst && !keep)
+		dma_free_coherent(dev, len, dst, dst_dma);
+	d->last_selftest_result = ret;
+	return ret;
+}
+
 static long vca_dma_ioc_wait(struct vca_dma *d, struct file *file, void __user *u)
 {
-	struct vca_dma_xfer *x;
+	struct vca_dma_xfer *x, *end = NULL;
 	struct vca_dma_wait w;
 	u64 done = 0;
 	u32 usize;
@@ -686,7 +768,7 @@ static long vca_dma_ioc_wait(struct vca_dma *d, struct file *file, void __user *
 		return -EINVAL;
 
 	mutex_lock(&d->lock);
-	ret = vca_dma_wait_poll(d, file, &w, &st, &done);
+	ret = vca_dma_wait_poll(d, file, w.cookie, w.timeout_ms, &st, &done);
 	if (ret)
 		goto out;
 	x = d->cur;
@@ -694,37 +776,28 @@ static long vca_dma_ioc_wait(struct vca_dma *d, struct file *file, void __user *
 	w.elapsed_ns = ktime_to_ns(ktime_sub(st > 0 ? x->t_done : ktime_get(), x->t0));
 	w.start_real_ns = x->start_real_ns;
 	w.done_real_ns = x->done_real_ns;
+	if (st || w.timeout_ms)
+		vca_dma_note(d, st, done);
 	if (st > 0) {
 		w.status = 0;
 		atomic64_inc(&d->completed);
 		atomic64_add(done, &d->bytes);
-		vca_dma_finish(d, false);
+		end = vca_dma_finish(d, false);
 	} else if (st < 0) {
 		w.status = -EIO;
 		atomic64_inc(&d->errors);
-		vca_dma_finish(d, true);
+		end = vca_dma_finish(d, true);
 	} else {
 		w.status = -EINPROGRESS;
 		if (w.timeout_ms) {
 			atomic64_inc(&d->timeouts);
-			vca_dma_finish(d, true);
+			end = vca_dma_finish(d, true);
 		}
 	}
-	ret = vca_dma_put(u, &w, sizeof(w), usize);
 out:
 	mutex_unlock(&d->lock);
-	return ret;
-}
-
-/* false once the engine is removed (or its probe failed). */
-static bool vca_dma_alive(struct vca_dma *d)
-{
-	bool alive;
-
-	mutex_lock(&d->lock);
-	alive = !d->gone;
-	mutex_unlock(&d->lock);
-	return alive;
+	vca_dma_xfer_free(d, end);
+	return ret ? ret : vca_dma_put(u, &w, sizeof(w), usize);
 }
 
 static long vca_dma_ioc_doorbell(struct vca_dma *d, void __user *u)
@@ -755,21 +828,25 @@ static long vca_dma_ioc_doorbell(struct vca_dma *d, void __user *u)
 	ring = symbol_get(plx_mbox_ring);
 	version = symbol_get(plx_mbox_api_version);
 	if (!get || !put || !write || !ring || !version) {
-		dev_warn(&d->pdev->dev, "DOORBELL: plx87xx has no plx_mbox API (load a patched plx87xx)\n");
+		dev_warn_ratelimited(&d->pdev->dev,
+				     "DOORBELL: plx87xx has no plx_mbox API (load a patched plx87xx)\n");
 		ret = -ENODEV;
 	} else if (version() != PLX_MBOX_API_VERSION) {
-		dev_warn(&d->pdev->dev, "DOORBELL: plx_mbox API version %d, expected %d\n",
-			 version(), PLX_MBOX_API_VERSION);
+		dev_warn_ratelimited(&d->pdev->dev, "DOORBELL: plx_mbox API version %d, expected %d\n",
+				     version(), PLX_MBOX_API_VERSION);
 		ret = -ENODEV;
 	} else {
+		/* a reference: plx87xx's data stays alive until put(), ops fail once it unbinds */
 		mbox = get(b.device);
 		if (!mbox) {
 			ret = -ENODEV;
 		} else {
-			write(mbox, doorbell_spad, b.value);
-			ring(mbox, doorbell);
+			ret = write(mbox, doorbell_spad, b.value);
+			if (!ret)
+				ret = ring(mbox, doorbell);
 			put(mbox);
-			atomic64_inc(&d->doorbells);
+			if (!ret)
+				atomic64_inc(&d->doorbells);
 		}
 	}
 	if (get)
@@ -806,7 +883,7 @@ static long vca_dma_ioctl(struct file *file, unsigned int cmd, unsigned long arg
 		i.ring_len = VCA_DMA_RING_LEN;
 		i.max_copy_bytes = VCA_DMA_MAX_COPY;
 		i.n_windows = n_win;
-		i.flags = fault_mask ? VCA_DMA_INFO_FAULT_ARMED : 0;
+		i.flags = 0;
 		strscpy(i.bdf, d->bdf, sizeof(i.bdf));
 		return vca_dma_put(u, &i, sizeof(i), usize);
 	}
@@ -864,11 +941,13 @@ static int vca_dma_open(struct inode *inode, struct file *file)
 static int vca_dma_release(struct inode *inode, struct file *file)
 {
 	struct vca_dma *d = file->private_data;
+	struct vca_dma_xfer *x = NULL;
 
 	mutex_lock(&d->lock);
 	if (d->cur && d->cur->owner == file)
-		vca_dma_finish(d, true);
+		x = vca_dma_finish(d, true);
 	mutex_unlock(&d->lock);
+	vca_dma_xfer_free(d, x);
 	kref_put(&d->ref, vca_dma_free);
 	return 0;
 }
@@ -880,6 +959,48 @@ static const struct file_operations vca_dma_fops = {
 	.unlocked_ioctl = vca_dma_ioctl,
 	.compat_ioctl = compat_ptr_ioctl,
 };
+
+static ssize_t selftest_store(struct device *dev, struct device_attribute *attr, const char *buf,
+			      size_t count)
+{
+	int ret = vca_dma_selftest(dev_get_drvdata(dev));
+
+	return ret ? ret : count;
+}
+
+static ssize_t selftest_show(struct device *dev, struct device_attribute *attr, char *buf)
+{
+	struct vca_dma *d = dev_get_drvdata(dev);
+
+	/* Reading reports the last result only; it never starts a transfer. */
+	return sysfs_emit(buf, "result=%d mibps=%llu bytes=%u\n", d->last_selftest_result,
+			  d->last_selftest_mibps, selftest_bytes);
+}
+static DEVICE_ATTR_RW(selftest);
+
+/* The last copy that ended: its write-back words and the channel's registers then (evidence). */
+static ssize_t last_copy_show(struct device *dev, struct device_attribute *attr, char *buf)
+{
+	struct vca_dma *d = dev_get_drvdata(dev);
+	struct vca_dma_last l;
+
+	mutex_lock(&d->lock);
+	l = d->last;
+	mutex_unlock(&d->lock);
+	if (!l.cookie)
+		return sysfs_emit(buf, "none\n");
+	return sysfs_emit(buf,
+			  "cookie=%llu status=%d bytes=%llu descriptors=%u first_wb=%#010x last_wb=%#010x ctrl=%#010x intr=%#010x\n",
+			  l.cookie, l.status, l.bytes, l.n, l.first_wb, l.last_wb, l.ctrl, l.intr);
+}
+static DEVICE_ATTR_RO(last_copy);
+
+static struct attribute *vca_dma_attrs[] = {
+	&dev_attr_selftest.attr,
+	&dev_attr_last_copy.attr,
+	NULL,
+};
+ATTRIBUTE_GROUPS(vca_dma);
 
 /* ---- binding ---- */
 
@@ -926,9 +1047,26 @@ static int vca_dma_may_bind(struct pci_dev *pdev)
 }
 
 /*
- * The CPU address of window @w if it lies inside one memory BAR of a PLX
- * function other than this engine (the switch's NT port BARs hold the
- * A-LUT windows); a windows= entry pointing anywhere else is refused.
+ * Is @sib behind the switch this engine belongs to? The engine is a function
+ * of the switch's upstream port (Linux plx_dma binds device 0x87D0, a
+ * function of the PEX87xx upstream port), so a function of the same switch
+ * is in that slot or has a bridge in it above it.
+ */
+static bool vca_dma_same_switch(struct pci_dev *engine, struct pci_dev *sib)
+{
+	struct pci_dev *up;
+
+	for (up = sib; up; up = pci_upstream_bridge(up))
+		if (up->bus == engine->bus && PCI_SLOT(up->devfn) == PCI_SLOT(engine->devfn))
+			return true;
+	return false;
+}
+
+/*
+ * The CPU address of window @w if it lies inside one assigned memory BAR of
+ * a PLX function of this engine's switch other than the engine itself (the
+ * NT port BARs hold the A-LUT windows); a windows= entry pointing anywhere
+ * else is refused.
  */
 static int vca_dma_win_phys(struct pci_dev *pdev, const struct vca_dma_win *w, phys_addr_t *phys)
 {
@@ -936,13 +1074,14 @@ static int vca_dma_win_phys(struct pci_dev *pdev, const struct vca_dma_win *w, p
 	int bar;
 
 	while ((sib = pci_get_device(pdev->vendor, PCI_ANY_ID, sib))) {
-		if (sib == pdev)
+		if (sib == pdev || !vca_dma_same_switch(pdev, sib))
 			continue;
 		for (bar = 0; bar < PCI_STD_NUM_BARS; bar++) {
+			unsigned long flags = pci_resource_flags(sib, bar);
 			u64 bus = pci_bus_address(sib, bar), len = pci_resource_len(sib, bar);
 
-			if (!(pci_resource_flags(sib, bar) & IORESOURCE_MEM) ||
-			    w->bus_addr < bus || w->bus_addr - bus > len ||
+			if (!(flags & IORESOURCE_MEM) || (flags & IORESOURCE_UNSET) || !len ||
+			    w->bus_addr < bus || w->bus_addr - bus >= len ||
 			    w->length > len - (w->bus_addr - bus))
 				continue;
 			*phys = pci_resource_start(sib, bar) + (w->bus_addr - bus);
@@ -984,15 +1123,114 @@ static int vca_dma_map_windows(struct vca_dma *d)
 	return 0;
 }
 
-/* No copy from now on: files still open answer -ENODEV. Before any of d is freed. */
-static void vca_dma_kill(struct vca_dma *d)
+/*
+ * No copy from now on: files still open answer -ENODEV. Before any of d is
+ * freed. Returns the copy that was in flight, for the caller to free.
+ */
+static struct vca_dma_xfer *vca_dma_kill(struct vca_dma *d)
 {
+	struct vca_dma_xfer *x;
+
 	mutex_lock(&d->lock);
 	d->gone = true;
-	if (d->cur)
-		vca_dma_finish(d, true);
-	chan_write(d, VCA_DMA_CTRL, VCA_DMA_CTRL_ABORT);
+	atomic_inc(&d->events);
+	wake_up(&d->wq);		/* a sleeping WAIT sees gone now, not at its next look */
+	x = vca_dma_finish(d, true);
+	if (!d->wedged) {
+		/* idle ring torn down (Intel plx_dma_chan_clear_desc_ring, Linux __plx_dma_stop) */
+		chan_write(d, VCA_DMA_RING_SIZE, 0);
+		chan_write(d, VCA_DMA_RING_ADDR_LO, 0);
+		chan_write(d, VCA_DMA_RING_ADDR_HI, 0);
+		chan_write(d, VCA_DMA_NEXT_DESC_LO, 0);
+	}
 	mutex_unlock(&d->lock);
+	return x;
+}
+
+/*
+ * Hand back what the engine could write: bus mastering goes off first, so a
+ * wedged engine can reach no memory at all; then the ring and the window
+ * mappings are freed, or, where the engine wedged, kept for good (with the
+ * pages of the copy it held) in case the function is ever enabled again.
+ */
+static void vca_dma_release_memory(struct vca_dma *d)
+{
+	struct pci_dev *pdev = d->pdev;
+	u16 cmd = 0;
+
+	pci_clear_master(pdev);
+	pci_read_config_word(pdev, PCI_COMMAND, &cmd);
+	WARN(cmd & PCI_COMMAND_MASTER, "vca_dma %s: bus mastering still on before the ring is freed\n",
+	     d->bdf);
+	if (d->wedged) {
+		dev_err(&pdev->dev, "vca_dma: engine wedged: bus mastering off, ring and %u windows kept for good\n",
+			d->n_mapped);
+		return;
+	}
+	vca_dma_unmap_windows(d);
+	if (d->ring)
+		dma_free_coherent(&pdev->dev, VCA_DMA_RING_BYTES, d->ring, d->ring_dma);
+	d->ring = NULL;
+}
+
+/* The MSI: acknowledge what it reports, note errors for the poll, wake WAIT. */
+static irqreturn_t vca_dma_isr(int irq, void *data)
+{
+	struct vca_dma *d = data;
+	u32 intr = chan_read(d, VCA_DMA_INTR);
+
+	if (vca_dma_no_answer(intr) || !(intr & VCA_DMA_INTR_STATUS_MASK))
+		return IRQ_NONE;
+	/* ack: write back what was read (Intel plx_dma.c:668-673, Linux plx_dma_isr()) */
+	chan_write(d, VCA_DMA_INTR, intr);
+	atomic_or(intr & VCA_DMA_INTR_STATUS_MASK, &d->irq_status);
+	atomic_inc(&d->events);
+	wake_up(&d->wq);
+	return IRQ_HANDLED;
+}
+
+/* An MSI if the function has one; else d->irq stays 0 and WAIT polls. */
+static void vca_dma_setup_irq(struct vca_dma *d)
+{
+	struct pci_dev *pdev = d->pdev;
+	int irq;
+
+	if (pci_alloc_irq_vectors(pdev, 1, 1, PCI_IRQ_MSI | PCI_IRQ_MSIX) < 1)
+		return;
+	irq = pci_irq_vector(pdev, 0);
+	if (irq <= 0 || request_irq(irq, vca_dma_isr, 0, "vca_dma", d)) {
+		pci_free_irq_vectors(pdev);
+		return;
+	}
+	d->irq = irq;
+}
+
+static void vca_dma_free_irq(struct vca_dma *d)
+{
+	if (!d->irq)
+		return;
+	free_irq(d->irq, d);
+	pci_free_irq_vectors(d->pdev);
+	d->irq = 0;
+}
+
+/* CTRL's configuration bits, and the channel stopped if something left it running. */
+static int vca_dma_take_engine(struct vca_dma *d)
+{
+	u32 ctrl = chan_read(d, VCA_DMA_CTRL);
+
+	if (vca_dma_no_answer(ctrl)) {
+		dev_warn(&d->pdev->dev, "vca_dma: engine registers read all ones: nothing answers, copies will time out\n");
+		d->ctrl_cfg = 0;
+		return 0;
+	}
+	/* bits 29:13 as the firmware set them, kept in every write (Intel plx_dma.c:185-186) */
+	d->ctrl_cfg = ctrl & VCA_DMA_CTRL_CFG_MASK;
+	if ((ctrl & VCA_DMA_CTRL_IN_PROGRESS) && !vca_dma_abort(d)) {
+		dev_err(&d->pdev->dev, "vca_dma: engine left running and its abort did not complete, refusing\n");
+		return -EBUSY;
+	}
+	return 0;
 }
 
 static int vca_dma_probe(struct pci_dev *pdev, const struct pci_device_id *id)
@@ -1009,6 +1247,7 @@ static int vca_dma_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	kref_init(&d->ref);
 	d->pdev = pci_dev_get(pdev);
 	mutex_init(&d->lock);
+	init_waitqueue_head(&d->wq);
 	d->last_selftest_result = -ENODATA;
 	strscpy(d->bdf, pci_name(pdev), sizeof(d->bdf));
 
@@ -1023,16 +1262,19 @@ static int vca_dma_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 		ret = -ENOMEM;
 		goto err_put;
 	}
-	pci_set_master(pdev);
-	d->ring = fault_at(FAULT_RING_ALLOC) ? NULL :
-		dmam_alloc_coherent(&pdev->dev, sizeof(*d->ring) * VCA_DMA_RING_LEN, &d->ring_dma,
-				    GFP_KERNEL);
+	/* not devres: a wedged engine's ring must outlive the binding */
+	d->ring = dma_alloc_coherent(&pdev->dev, VCA_DMA_RING_BYTES, &d->ring_dma, GFP_KERNEL);
 	if (!d->ring) {
 		ret = -ENOMEM;
 		goto err_put;
 	}
+	ret = vca_dma_take_engine(d);
+	if (ret)
+		goto err_unmap;
 	pci_set_drvdata(pdev, d);
+	vca_dma_setup_irq(d);
 	vca_dma_ring_init(d);
+	pci_set_master(pdev);
 	ret = vca_dma_map_windows(d);
 	if (ret)
 		goto err_unmap;
@@ -1048,27 +1290,25 @@ static int vca_dma_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	d->misc.fops = &vca_dma_fops;
 	d->misc.mode = 0600;
 	d->misc.parent = &pdev->dev;
-	ret = fault_at(FAULT_CDEV) ? -EIO : misc_register(&d->misc);
+	/* last: once it is registered, files may open and copies start */
+	ret = misc_register(&d->misc);
 	if (ret)
 		goto err_ida;
-	ret = fault_at(FAULT_SYSFS) ? -EIO : device_create_file(&pdev->dev, &dev_attr_selftest);
-	if (ret)
-		goto err_misc;
-	dev_info(&pdev->dev, "vca_dma: /dev/%s, ring of %d descriptors at %pad, %u windows%s\n",
-		 d->name, VCA_DMA_RING_LEN, &d->ring_dma, n_win,
-		 fault_mask ? ", FAULTS ARMED" : "");
+	dev_info(&pdev->dev, "vca_dma: /dev/%s, ring of %d descriptors at %pad, %u windows, ctrl config %#x, %s\n",
+		 d->name, VCA_DMA_RING_LEN, &d->ring_dma, n_win, d->ctrl_cfg,
+		 d->irq ? "MSI" : "polled");
 	return 0;
 
-err_misc:
-	/* a file may have opened /dev/vca_dma<N> already: it must see gone before the ring goes */
-	vca_dma_kill(d);
-	misc_deregister(&d->misc);
 err_ida:
 	ida_free(&vca_dma_ida, d->id);
 err_unmap:
-	vca_dma_unmap_windows(d);
+	vca_dma_kill(d);
+	vca_dma_free_irq(d);
+	vca_dma_release_memory(d);
 err_put:
 	pci_set_drvdata(pdev, NULL);
+	if (d->ring)
+		dma_free_coherent(&pdev->dev, VCA_DMA_RING_BYTES, d->ring, d->ring_dma);
 	kref_put(&d->ref, vca_dma_free);
 	return ret;
 }
@@ -1077,10 +1317,12 @@ static void vca_dma_remove(struct pci_dev *pdev)
 {
 	struct vca_dma *d = pci_get_drvdata(pdev);
 
-	device_remove_file(&pdev->dev, &dev_attr_selftest);
 	misc_deregister(&d->misc);
-	vca_dma_kill(d);
-	vca_dma_unmap_windows(d);
+	vca_dma_xfer_free(d, vca_dma_kill(d));
+	vca_dma_free_irq(d);
+	vca_dma_release_memory(d);
+	dev_info(&pdev->dev, "vca_dma: /dev/%s removed%s\n", d->name,
+		 d->wedged ? " (engine wedged)" : "");
 	ida_free(&vca_dma_ida, d->id);
 	kref_put(&d->ref, vca_dma_free);
 }
@@ -1090,35 +1332,12 @@ static struct pci_driver vca_dma_driver = {
 	.id_table = NULL,	/* bound only through driver_override, see above */
 	.probe = vca_dma_probe,
 	.remove = vca_dma_remove,
+	.driver = {
+		.dev_groups = vca_dma_groups,
+	},
 };
 
 /* ---- parameters ---- */
-
-static int __init vca_dma_parse_fault(void)
-{
-	char *buf, *p, *tok;
-	int i, ret = 0;
-
-	if (!fault || !*fault)
-		return 0;
-	buf = kstrdup(fault, GFP_KERNEL);
-	if (!buf)
-		return -ENOMEM;
-	p = buf;
-	while ((tok = strsep(&p, ",")) != NULL) {
-		i = match_string(fault_names, FAULT_NR, tok);
-		if (i < 0) {
-			pr_err("vca_dma: fault=%s: unknown site '%s'\n", fault, tok);
-			ret = -EINVAL;
-			break;
-		}
-		set_bit(i, &fault_mask);
-	}
-	kfree(buf);
-	if (!ret)
-		pr_warn("vca_dma: TEST ONLY fault sites armed: %s\n", fault);
-	return ret;
-}
 
 /* peer@busaddr+len */
 static int __init vca_dma_parse_window(char *tok, struct vca_dma_win *w)
@@ -1192,9 +1411,6 @@ static int __init vca_dma_init(void)
 		       PLX_MBOX_NUM_SPADS, PLX_MBOX_NUM_DOORBELLS);
 		return -EINVAL;
 	}
-	ret = vca_dma_parse_fault();
-	if (ret)
-		return ret;
 	ret = vca_dma_parse_windows();
 	if (ret)
 		return ret;

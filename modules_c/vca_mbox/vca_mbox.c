@@ -12,6 +12,7 @@
  * builds against plain kernel headers and refuses to load, with a message,
  * where plx87xx lacks the patch.
  */
+#include <linux/capability.h>
 #include <linux/fs.h>
 #include <linux/miscdevice.h>
 #include <linux/module.h>
@@ -87,9 +88,13 @@ static long vca_mbox_ioctl(struct file *file, unsigned int cmd, unsigned long ar
 
 	if (cmd != VCA_MBOX_POST && cmd != VCA_MBOX_READ)
 		return -ENOTTY;
+	/* a descriptor handed on does not carry the right: asked on every call, as vca_dma does */
+	if (!capable(CAP_SYS_RAWIO))
+		return -EPERM;
 	if (copy_from_user(&msg, (void __user *)arg, sizeof(msg)))
 		return -EFAULT;
 
+	/* a reference that keeps plx87xx's data alive until put(); ops fail once it unbinds */
 	mutex_lock(&vca_mbox_lock);
 	mbox = api.get(msg.device);
 	if (!mbox) {
@@ -97,23 +102,24 @@ static long vca_mbox_ioctl(struct file *file, unsigned int cmd, unsigned long ar
 		goto out;
 	}
 	if (cmd == VCA_MBOX_POST) {
-		api.write(mbox, spad_index, msg.value);
-		api.ring(mbox, doorbell);
+		ret = api.write(mbox, spad_index, msg.value);
+		if (!ret)
+			ret = api.ring(mbox, doorbell);
 	} else {
-		msg.value = api.read(mbox, spad_index);
-		if (copy_to_user((void __user *)arg, &msg, sizeof(msg)))
-			ret = -EFAULT;
+		ret = api.read(mbox, spad_index, &msg.value);
 	}
 	api.put(mbox);
 out:
 	mutex_unlock(&vca_mbox_lock);
+	if (!ret && cmd == VCA_MBOX_READ && copy_to_user((void __user *)arg, &msg, sizeof(msg)))
+		ret = -EFAULT;
 	return ret;
 }
 
 static const struct file_operations vca_mbox_fops = {
 	.owner = THIS_MODULE,
 	.unlocked_ioctl = vca_mbox_ioctl,
-	.compat_ioctl = vca_mbox_ioctl,
+	.compat_ioctl = compat_ptr_ioctl,
 };
 
 static struct miscdevice vca_mbox_dev = {

@@ -85,6 +85,9 @@ void h_log(const char *fmt, ...);
 #define pr_warn(...)		h_log(__VA_ARGS__)
 #define dev_err(dev, ...)	h_log(__VA_ARGS__)
 #define dev_warn(dev, ...)	h_log(__VA_ARGS__)
+#define dev_warn_ratelimited(dev, ...)	h_log(__VA_ARGS__)
+int h_warn(const char *fmt, ...);
+#define WARN(cond, ...)		((cond) ? h_warn(__VA_ARGS__) : 0)
 #define dev_info(dev, ...)	h_log(__VA_ARGS__)
 
 /* bits and atomics */
@@ -102,6 +105,12 @@ typedef struct { long long counter; } atomic64_t;
 #define atomic64_inc(a)		__atomic_add_fetch(&(a)->counter, 1, __ATOMIC_RELAXED)
 #define atomic64_add(n, a)	__atomic_add_fetch(&(a)->counter, (n), __ATOMIC_RELAXED)
 #define atomic64_read(a)	__atomic_load_n(&(a)->counter, __ATOMIC_RELAXED)
+
+typedef struct { int counter; } atomic_t;
+#define atomic_read(a)		__atomic_load_n(&(a)->counter, __ATOMIC_SEQ_CST)
+#define atomic_set(a, v)	__atomic_store_n(&(a)->counter, (v), __ATOMIC_SEQ_CST)
+#define atomic_inc(a)		__atomic_add_fetch(&(a)->counter, 1, __ATOMIC_SEQ_CST)
+#define atomic_or(v, a)		__atomic_or_fetch(&(a)->counter, (int)(v), __ATOMIC_SEQ_CST)
 
 struct kref { int refcount; };
 static inline void kref_init(struct kref *k) { k->refcount = 1; }
@@ -125,6 +134,47 @@ struct ida { int next; };
 static inline int ida_alloc(struct ida *ida, gfp_t gfp) { return ida->next++; }
 static inline void ida_free(struct ida *ida, int id) { }
 static inline void ida_destroy(struct ida *ida) { ida->next = 0; }
+
+/* wait queues: one condition variable for all of them; jiffies are milliseconds */
+#define ERESTARTSYS		512
+typedef struct { int unused; } wait_queue_head_t;
+#define init_waitqueue_head(q)	do { } while (0)
+void wake_up(wait_queue_head_t *q);
+void h_wq_wait(void);		/* until a wake_up() or 1 ms */
+#define msecs_to_jiffies(ms)	((long)(ms))
+#define wait_event_interruptible_timeout(q, cond, t) ({				\
+	s64 __end = h_clock_ns(0) + (s64)(t) * 1000000;				\
+	long __r;								\
+	for (;;) {								\
+		s64 __left = __end - h_clock_ns(0);				\
+		if (cond) {							\
+			__r = __left > 1000000 ? __left / 1000000 : 1;		\
+			break;							\
+		}								\
+		if (h_signal_pending()) {					\
+			__r = -ERESTARTSYS;					\
+			break;							\
+		}								\
+		if (__left <= 0) {						\
+			__r = 0;						\
+			break;							\
+		}								\
+		h_wq_wait();							\
+	}								\
+	__r; })
+
+/* interrupts: the harness's engine calls the handler as an MSI would */
+typedef enum { IRQ_NONE, IRQ_HANDLED } irqreturn_t;
+typedef irqreturn_t (*irq_handler_t)(int irq, void *data);
+#define PCI_IRQ_MSI		2
+#define PCI_IRQ_MSIX		4
+struct pci_dev;
+int pci_alloc_irq_vectors(struct pci_dev *pdev, unsigned int min, unsigned int max, unsigned int flags);
+void pci_free_irq_vectors(struct pci_dev *pdev);
+int pci_irq_vector(struct pci_dev *pdev, unsigned int nr);
+int request_irq(unsigned int irq, irq_handler_t handler, unsigned long flags, const char *name,
+		void *data);
+void free_irq(unsigned int irq, void *data);
 
 /* time: monotonic and real clocks, sleeps; signals from the harness */
 s64 h_clock_ns(int real);
@@ -166,6 +216,7 @@ void get_random_bytes(void *buf, size_t n);
 int copy_struct_from_user(void *dst, size_t ksize, const void *src, size_t usize);
 struct page;
 #define FOLL_WRITE		1
+#define FOLL_LONGTERM		0x100
 int pin_user_pages_fast(unsigned long start, int n, unsigned int flags, struct page **pages);
 #define unpin_user_pages_dirty_lock(pages, n, dirty)	do { } while (0)
 
@@ -175,7 +226,12 @@ void iowrite32(u32 val, void *addr);
 
 /* devices */
 struct module;
-struct device_driver { const char *name; };
+struct attribute { const char *name; };
+struct attribute_group { struct attribute **attrs; };
+#define ATTRIBUTE_GROUPS(n) \
+	static const struct attribute_group n##_group = { n##_attrs }; \
+	static const struct attribute_group *n##_groups[] = { &n##_group, NULL }
+struct device_driver { const char *name; const struct attribute_group **dev_groups; };
 struct device { struct device_driver *driver; void *driver_data; };
 struct bus_type { int unused; };
 extern struct bus_type pci_bus_type;
@@ -183,26 +239,32 @@ struct device_driver *driver_find(const char *name, struct bus_type *bus);
 static inline void *dev_get_drvdata(struct device *dev) { return dev->driver_data; }
 
 struct device_attribute {
-	const char *name;
+	struct attribute attr;
 	ssize_t (*show)(struct device *dev, struct device_attribute *attr, char *buf);
 	ssize_t (*store)(struct device *dev, struct device_attribute *attr, const char *buf,
 			 size_t count);
 };
-#define DEVICE_ATTR_RW(n)	struct device_attribute dev_attr_##n = { #n, n##_show, n##_store }
-int device_create_file(struct device *dev, const struct device_attribute *attr);
-void device_remove_file(struct device *dev, const struct device_attribute *attr);
+#define DEVICE_ATTR_RW(n)	struct device_attribute dev_attr_##n = { { #n }, n##_show, n##_store }
+#define DEVICE_ATTR_RO(n)	struct device_attribute dev_attr_##n = { { #n }, n##_show, NULL }
 
 #define IORESOURCE_MEM		0x200
+#define IORESOURCE_UNSET	0x20000000
 #define PCI_STD_NUM_BARS	6
 #define PCI_ANY_ID		(~0U)
 struct resource { resource_size_t start, end; unsigned long flags; };
+struct pci_bus { int number; };
 struct pci_dev {
 	struct device dev;
 	unsigned short vendor, device;
 	char *driver_override;
 	struct resource resource[PCI_STD_NUM_BARS];
 	const char *name;
+	struct pci_bus *bus;
+	unsigned int devfn;
+	struct pci_dev *upstream;
 };
+#define PCI_SLOT(devfn)		(((devfn) >> 3) & 0x1f)
+#define pci_upstream_bridge(p)	((p)->upstream)
 struct pci_device_id { int unused; };
 struct pci_driver {
 	const char *name;
@@ -219,7 +281,11 @@ struct pci_driver {
 #define pci_name(p)		((p)->name)
 #define pci_dev_get(p)		(p)
 #define pci_dev_put(p)		do { } while (0)
-#define pci_set_master(p)	do { } while (0)
+void pci_set_master(struct pci_dev *pdev);
+void pci_clear_master(struct pci_dev *pdev);
+#define PCI_COMMAND		0x04
+#define PCI_COMMAND_MASTER	0x4
+int pci_read_config_word(struct pci_dev *pdev, int where, u16 *val);
 #define pci_set_drvdata(p, d)	((p)->dev.driver_data = (d))
 #define pci_get_drvdata(p)	((p)->dev.driver_data)
 #define pcim_enable_device(p)	0
@@ -235,7 +301,6 @@ enum dma_data_direction { DMA_BIDIRECTIONAL, DMA_TO_DEVICE, DMA_FROM_DEVICE, DMA
 #define dma_mapping_error(dev, a)	((a) == DMA_MAPPING_ERROR)
 void *dma_alloc_coherent(struct device *dev, size_t size, dma_addr_t *dma, gfp_t gfp);
 void dma_free_coherent(struct device *dev, size_t size, void *cpu, dma_addr_t dma);
-void *dmam_alloc_coherent(struct device *dev, size_t size, dma_addr_t *dma, gfp_t gfp);
 dma_addr_t dma_map_resource(struct device *dev, phys_addr_t phys, size_t size,
 			    enum dma_data_direction dir, unsigned long attrs);
 void dma_unmap_resource(struct device *dev, dma_addr_t addr, size_t size,
@@ -250,8 +315,10 @@ struct sg_table { struct scatterlist *sgl; unsigned int nents, orig_nents; };
 int sg_alloc_table_from_pages(struct sg_table *sgt, struct page **pages, unsigned int n,
 			      unsigned int off, unsigned long size, gfp_t gfp);
 #define sg_free_table(t)	free((t)->sgl)
-#define dma_map_sgtable(dev, t, dir, attrs)	0
-#define dma_unmap_sgtable(dev, t, dir, attrs)	do { } while (0)
+int dma_map_sgtable(struct device *dev, struct sg_table *sgt, enum dma_data_direction dir,
+		    unsigned long attrs);
+void dma_unmap_sgtable(struct device *dev, struct sg_table *sgt, enum dma_data_direction dir,
+		       unsigned long attrs);
 
 /* character devices */
 struct inode { int unused; };

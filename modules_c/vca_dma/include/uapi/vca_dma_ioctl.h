@@ -43,7 +43,7 @@ struct vca_dma_info {
 	char bdf[16];			/* out: PCI address of the DMA function, NUL-terminated */
 };
 #define VCA_DMA_INFO_SIZE_V1	48
-#define VCA_DMA_INFO_FAULT_ARMED	(1U << 0)	/* the test-only fault parameter is set */
+#define VCA_DMA_INFO_FAULT_ARMED	(1U << 0)	/* never set now: the test-only fault= parameter is gone */
 
 /* VCA_DMA_IOC_WINDOW: one A-LUT window onto a peer (host memory or another node). */
 struct vca_dma_window {
