@@ -273,6 +273,8 @@ class OpenCLRunner(object):
         edge = uses_edge(m, n, k, params)
         if edge:
             params["EDGE"] = 1
+            # rows that do not start 16-byte aligned are read (and C written) with vload4/vstore4
+            params.update({key: 0 for key, side in (("AV4", k), ("BV4", n)) if side % 4})
             mp, np_, kp = m, n, k
         else:
             mp, np_, kp = round_up(m, params["TM"]), round_up(n, params["TN"]), round_up(k, params["TK"])

@@ -457,3 +457,26 @@ def test_the_module_scores_candidates_at_two_sizes(tmp_path, capsys):
     cache = json.loads((tmp_path / "tune.json").read_text())
     assert cache[cache_key(record["device"], 64)]["tune_shapes"] == ["64x64x64", "192x192x192"]
     assert record["results"][0]["plan"]["path"] in ("tiled", "direct")
+
+
+@pytest.mark.parametrize("shape, edge_counts", [
+    ((64, 64, 61), {1}),            # K % 4 != 0, tiles inside C: only the short last chunk is checked
+    ((96, 99, 257), {1, 33}),       # unaligned A and B rows: inner groups check one chunk, the N edge all 33
+    ((64, 64, 52), {1}),
+    ((64, 66, 64), {0, 8}),         # only N off the tile: inner groups check nothing, the edge all 8
+])
+def test_inner_work_groups_check_only_the_last_k_chunk(shape, edge_counts):
+    """COUNT_CHECKED makes every work-item store how many K chunks it loaded through the checked
+    path: inner work-groups (tile inside C) check the last chunk alone, even where K or N is not
+    a multiple of 4 (their rows read with vload4); the real product is verified too."""
+    m, n, k = shape
+    runner = pocl_runner()
+    a, b = random_operands(m, n, k, 15)
+    run, result = runner.prepare(a, b, SMALL_VEC, direct=False)
+    run()
+    assert Reference(a, b).verify(result())["passed"]
+    run, result = runner.prepare(a, b, SMALL_VEC, ["-DCOUNT_CHECKED"], direct=False)
+    run()
+    counts = result()
+    assert set(np.unique(counts).tolist()) == edge_counts
+    assert np.all(counts[:32, :32] == min(edge_counts))         # the first work-group is an inner one
