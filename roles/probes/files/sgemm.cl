@@ -159,21 +159,38 @@ void sgemm(const int M, const int N, const int K, const int KS,
 #define COUNT_ONE
 #endif
 #define FETCH4(k0)                                                                       \
-    if (interior && (k0) + TK <= ke) {                                                   \
-        FETCH4_FAST(k0)                                                                  \
-    } else {                                                                             \
-        COUNT_ONE                                                                        \
-        for (int l = 0; l < LA4; l++) {                                                  \
-            const int e = tid + l * NT;                                                  \
-            ra[l] = AQ(m0 + e / KQ, (k0) + (e % KQ) * 4);                                \
+    {                                                                                    \
+        const int whole = (k0) + TK <= ke;                                               \
+        if (whole && rows_in) {                                                          \
+            for (int l = 0; l < LA4; l++) {                                              \
+                const int e = tid + l * NT;                                              \
+                ra[l] = LOADA4(A + (m0 + e / KQ) * K + (k0) + (e % KQ) * 4);             \
+            }                                                                            \
+        } else {                                                                         \
+            for (int l = 0; l < LA4; l++) {                                              \
+                const int e = tid + l * NT;                                              \
+                ra[l] = AQ(m0 + e / KQ, (k0) + (e % KQ) * 4);                            \
+            }                                                                            \
         }                                                                                \
-        for (int l = 0; l < LB4; l++) {                                                  \
-            const int e = tid + l * NT;                                                  \
-            rb[l] = BQ((k0) + e / NQ, n0 + (e % NQ) * 4);                                \
+        if (whole && cols_in) {                                                          \
+            for (int l = 0; l < LB4; l++) {                                              \
+                const int e = tid + l * NT;                                              \
+                rb[l] = LOADB4(B + ((k0) + e / NQ) * N + n0 + (e % NQ) * 4);             \
+            }                                                                            \
+        } else {                                                                         \
+            for (int l = 0; l < LB4; l++) {                                              \
+                const int e = tid + l * NT;                                              \
+                rb[l] = BQ((k0) + e / NQ, n0 + (e % NQ) * 4);                            \
+            }                                                                            \
+        }                                                                                \
+        if (!(whole && rows_in && cols_in)) {                                            \
+            COUNT_ONE                                                                    \
         }                                                                                \
     }
-    // uniform over the work-group: its whole tile inside C (whatever the alignment: AV4, BV4)
-    const int interior = m0 + TM <= M && n0 + TN <= N;
+    // uniform over the work-group: its rows of A and C, its columns of B and C, inside the
+    // matrices (whatever the alignment: AV4, BV4). A group off C's right edge alone (narrow N)
+    // still reads A unchecked, and one off the bottom edge reads B unchecked.
+    const int rows_in = m0 + TM <= M, cols_in = n0 + TN <= N, interior = rows_in && cols_in;
     int checked = 0;
 #else
 #define FETCH4(k0) FETCH4_FAST(k0)
