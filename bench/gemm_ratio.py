@@ -283,7 +283,8 @@ def json_arg(text):
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="Portable Computing Language", help="OpenCL device (name substring)")
-    ap.add_argument("--sizes", type=int, nargs="+", help="square N (default PoCL 512..4096, GPU 512..8192)")
+    ap.add_argument("--sizes", type=int, nargs="*",
+                    help="square N (default PoCL 512..4096, GPU 512..8192; none: --shapes alone)")
     ap.add_argument("--shapes", type=vca_gemm.parse_shape, nargs="+", metavar="MxNxK", default=[],
                     help="rectangular products, e.g. 4096x64x4096 (A is MxK, B is KxN)")
     ap.add_argument("--reps", type=int, default=5)
@@ -367,6 +368,11 @@ def variants(args, runner, sizes):
     for m, n, k in [(n, n, n) for n in sizes] + list(args.shapes):
         a, b = vca_gemm.random_operands(m, n, k, args.seed + m + n + k)
         rows, ref = reference_for(a, b, np.random.default_rng(m + n + k))
+        if not runner.is_cpu():          # the baseline beside the levers: cuBLAS, one call, events
+            t = timed(*run_cublas(a, b), rows, ref, args.reps)
+            g = vca_gemm.gflops(m, n, k, best_seconds(t)) if t[2] else None
+            out.append({"m": m, "n": n, "k": k, "params": "cublas", "gflops": g})
+            print("%-14s %8.1f%s  cuBLAS" % ("%dx%dx%d" % (m, n, k), g or 0, "" if g else " FAILED"), flush=True)
         for params in args.variants:
             plan = None
             try:
@@ -487,7 +493,8 @@ def main():
                                    (KERNELS / "sgemm_shipped.cl").read_text())
     is_cpu = runner.is_cpu()
     SETTLE_S["s"] = 0.5 if is_cpu else 0.0
-    sizes = args.sizes or ([512, 1024, 2048, 4096] if is_cpu else [512, 1024, 2048, 4096, 8192])
+    sizes = args.sizes if args.sizes is not None else (
+        [512, 1024, 2048, 4096] if is_cpu else [512, 1024, 2048, 4096, 8192])
     print("device: %(name)s | %(platform)s | driver %(driver)s | %(compute_units)d CUs" % runner.describe())
     print("timing: ours by OpenCL profiling events; %s; 'wall' = host wall time per call" %
           ("OpenBLAS and CLBlast by the host's wall clock" if is_cpu else "cuBLAS by CUDA events"))
