@@ -35,6 +35,7 @@ that only suits one size does not win; each N or shape then runs its class's win
   bench/gemm_ratio.py --shapes 4096x64x4096 97x33x65       # M x N x K, against OpenBLAS/cuBLAS
   bench/gemm_ratio.py --variants '[{"TM": 128, ...}, ...]'  # fixed tilings side by side (levers)
   bench/gemm_ratio.py --device NVIDIA --burst 20 --trials 5  # sustained figures with clocks and energy
+  bench/gemm_ratio.py --cpu-sgemm --threads 2               # the nodes' CPU path against OpenBLAS
 """
 
 from __future__ import annotations
@@ -283,7 +284,8 @@ def json_arg(text):
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="Portable Computing Language", help="OpenCL device (name substring)")
-    ap.add_argument("--sizes", type=int, nargs="+", help="square N (default PoCL 512..4096, GPU 512..8192)")
+    ap.add_argument("--sizes", type=int, nargs="*",
+                    help="square N (default PoCL 512..4096, GPU 512..8192; none: --shapes alone)")
     ap.add_argument("--shapes", type=vca_gemm.parse_shape, nargs="+", metavar="MxNxK", default=[],
                     help="rectangular products, e.g. 4096x64x4096 (A is MxK, B is KxN)")
     ap.add_argument("--reps", type=int, default=5)
@@ -306,6 +308,11 @@ def parse_args():
     ap.add_argument("--burst-min-s", type=float, default=0.25,
                     help="more calls per burst where --burst would end sooner (the energy counter's resolution)")
     ap.add_argument("--trials", type=int, default=5, help="sustained bursts per side, alternating; the median")
+    ap.add_argument("--cpu-sgemm", action="store_true",
+                    help="the CPU path: vca_sgemm.c (the probes role's flags) against NumPy's OpenBLAS, no OpenCL")
+    ap.add_argument("--threads", type=int, help="--cpu-sgemm: threads (and cores) for both sides (default all)")
+    ap.add_argument("--cpu-side", choices=["ours", "openblas"], help=argparse.SUPPRESS)
+    ap.add_argument("--cpu-side-lib", help=argparse.SUPPRESS)
     return ap.parse_args()
 
 
@@ -367,6 +374,11 @@ def variants(args, runner, sizes):
     for m, n, k in [(n, n, n) for n in sizes] + list(args.shapes):
         a, b = vca_gemm.random_operands(m, n, k, args.seed + m + n + k)
         rows, ref = reference_for(a, b, np.random.default_rng(m + n + k))
+        if not runner.is_cpu():          # the baseline beside the levers: cuBLAS, one call, events
+            t = timed(*run_cublas(a, b), rows, ref, args.reps)
+            g = vca_gemm.gflops(m, n, k, best_seconds(t)) if t[2] else None
+            out.append({"m": m, "n": n, "k": k, "params": "cublas", "gflops": g})
+            print("%-14s %8.1f%s  cuBLAS" % ("%dx%dx%d" % (m, n, k), g or 0, "" if g else " FAILED"), flush=True)
         for params in args.variants:
             plan = None
             try:
@@ -479,15 +491,96 @@ def add_sustained(args, entry, contenders, check, telemetry):
         print_sustained(entry)
 
 
+# The seed's CPU figure for one VCA node (Xeon E3 on the card, the 22.04 image): a reference
+# beside this machine's figures, never a target they meet or miss.
+SEED_NODE_CPU_GFLOPS = 71
+
+
+def probes_cflags():
+    """The flags the probes role compiles vca_sgemm.c with (roles/probes/defaults/main.yml)."""
+    import yaml
+
+    return yaml.safe_load((ROOT / "roles" / "probes" / "defaults" / "main.yml").read_text())["probes_cflags"]
+
+
+def cpu_side(args):
+    """Child of --cpu-sgemm: one side (ours: vca_sgemm.c through ctypes; openblas: NumPy's @) at
+    each size, with the threads and cores its parent gave it; one JSON line per size."""
+    runner = vca_gemm.CPURunner(args.cpu_side_lib) if args.cpu_side == "ours" else None
+    for n in args.sizes:
+        a, b = vca_gemm.random_operands(n, n, n, args.seed + n)
+        rows, ref = reference_for(a, b, np.random.default_rng(n))
+        run, result = runner.prepare(a, b) if runner else run_numpy(a, b)
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        t = timed(run, result, rows, ref, args.reps)
+        # CPU seconds per wall second over the runs: well under the thread count means the
+        # cores were shared with something else (the figure is then the machine's load's too)
+        cpu_per_wall = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
+        print(json.dumps({"n": n, "gflops": vca_gemm.gflops(n, n, n, t[1]) if t[2] else None,
+                          "max_rel_error": t[3], "cpu_per_wall": cpu_per_wall,
+                          "threads": runner.threads() if runner else None}), flush=True)
+
+
+def cpu_sgemm(args):
+    """vca_sgemm.c, compiled as the probes role compiles it, against NumPy's OpenBLAS: each side
+    in a child process confined to the same cores (sched_setaffinity) with the same thread count
+    (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS), sides alternating, every result verified."""
+    cores = sorted(os.sched_getaffinity(0))[: args.threads or None]
+    workdir = tempfile.mkdtemp(prefix="vca-sgemm-")
+    lib = os.path.join(workdir, "libvcasgemm.so")
+    cmd = ["cc", *probes_cflags(), "-o", lib, str(KERNELS / "vca_sgemm.c")]
+    subprocess.run(cmd, check=True)
+    env = dict(os.environ, OMP_NUM_THREADS=str(len(cores)), OPENBLAS_NUM_THREADS=str(len(cores)))
+    sizes = args.sizes if args.sizes else [512, 1024, 2048, 4096]
+    print("platform: this machine (%s, %d cores %s of %d, nice %d, load average %.2f), not a VCA node; %s"
+          % (os.uname().machine, len(cores), cores, os.cpu_count(), os.nice(0), os.getloadavg()[0],
+             " ".join(cmd[:-3])))
+    print("both sides: %d threads on those cores, host wall clock, median of %d after one warm-up"
+          % (len(cores), args.reps))
+    rows = []
+    for i, n in enumerate(sizes):
+        entry = {"n": n}
+        for side in (("ours", "openblas") if i % 2 == 0 else ("openblas", "ours")):
+            out = subprocess.run([sys.executable, __file__, "--cpu-side", side, "--cpu-side-lib", lib,
+                                  "--sizes", str(n), "--reps", str(args.reps), "--seed", str(args.seed)],
+                                 env=env, preexec_fn=lambda: os.sched_setaffinity(0, cores),
+                                 check=True, capture_output=True, text=True).stdout
+            entry[side] = json.loads(out.strip().splitlines()[-1])
+        ours, blas = entry["ours"]["gflops"], entry["openblas"]["gflops"]
+        entry["ratio"] = ours / blas if ours and blas else None
+        # GFLOP per CPU-second: on a shared machine each side's rate over the CPU it got, the
+        # steadier comparison there (spinning threads count against the side that spins)
+        per_cpu = [entry[x]["gflops"] / entry[x]["cpu_per_wall"] if entry[x]["gflops"] else None
+                   for x in ("ours", "openblas")]
+        entry["ratio_per_cpu_s"] = per_cpu[0] / per_cpu[1] if all(per_cpu) else None
+        print("N=%5d  vca_sgemm %7.1f  OpenBLAS %7.1f  ratio %s  | CPU/wall %.2f / %.2f, GFLOP per CPU-s %.1f / %.1f,"
+              " ratio %.2f  (seed, one VCA node: ~%d GFLOP/s, a reference)"
+              % (n, ours or 0, blas or 0, "%.2f" % entry["ratio"] if entry["ratio"] else "FAILED",
+                 entry["ours"]["cpu_per_wall"], entry["openblas"]["cpu_per_wall"], per_cpu[0] or 0, per_cpu[1] or 0,
+                 entry["ratio_per_cpu_s"] or 0, SEED_NODE_CPU_GFLOPS), flush=True)
+        rows.append(entry)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"cores": cores, "cflags": probes_cflags(), "results": rows,
+                                               "load_average_end": os.getloadavg()[0],
+                                               "seed_node_cpu_gflops": SEED_NODE_CPU_GFLOPS}, indent=1))
+
+
 def main():
     args = parse_args()
+    if args.cpu_side:
+        cpu_side(args)
+        return
+    if args.cpu_sgemm:
+        cpu_sgemm(args)
+        return
 
     pi, di, device = find_device(args.device)
     runner = vca_gemm.OpenCLRunner(device, (KERNELS / "sgemm.cl").read_text(),
                                    (KERNELS / "sgemm_shipped.cl").read_text())
     is_cpu = runner.is_cpu()
     SETTLE_S["s"] = 0.5 if is_cpu else 0.0
-    sizes = args.sizes or ([512, 1024, 2048, 4096] if is_cpu else [512, 1024, 2048, 4096, 8192])
+    sizes = args.sizes if args.sizes is not None else (
+        [512, 1024, 2048, 4096] if is_cpu else [512, 1024, 2048, 4096, 8192])
     print("device: %(name)s | %(platform)s | driver %(driver)s | %(compute_units)d CUs" % runner.describe())
     print("timing: ours by OpenCL profiling events; %s; 'wall' = host wall time per call" %
           ("OpenBLAS and CLBlast by the host's wall clock" if is_cpu else "cuBLAS by CUDA events"))

@@ -18,11 +18,16 @@ description:
   - The record's C(platform) is C(hardware) only on VCA evidence found under
     O(sysfs_root) (see M(vca_sensors)); figures on an C(unknown) platform are
     reported with C(platform=unknown), never as hardware figures.
-  - OpenCL tiling comes from O(params), else the tuning cache, else an autotuning
-    search (random sampling plus local refinement, every candidate verified) whose
-    winner is cached per device, driver and size class (C(small) up to sqrt(M*N) = 768,
-    C(medium) up to 1536, C(large) beyond); each size class in O(sizes) and O(shapes) is
-    tuned and cached on its own.
+  - OpenCL tiling comes from O(params) (origin C(given)), else the tuning cache (C(cache)),
+    else an autotuning search (C(tuned here); random sampling plus local refinement, every
+    candidate verified) at the products this run will measure, whose winner is cached per
+    device, driver, size class and those products, else with O(tune=false) the class's
+    default (C(default)). Size classes: C(small) up to sqrt(M*N) = 768, C(medium) up to
+    1152, C(large) beyond, C(skinny), and C(narrow32) to C(narrow128) for N from 16 to 127
+    beside at least 1024 rows; each class in O(sizes) and O(shapes) is tuned and cached on
+    its own. A cached winner is reused only for products it was tuned on.
+  - On a GPU, the wave-aware choice may run a class's 8x8-block tiling in half-height tiles
+    or split over K, where the work-groups would load the compute units unevenly (C(plan.wave)).
   - OpenCL figures are timed by the kernels' own profiling events (C(timing.clock) is
     C(device events)); the host's wall time per run stays beside them (C(timing.wall_median_s)).
     The CPU SGEMM is timed by the host's wall clock (C(host wall)).
@@ -53,9 +58,10 @@ options:
         either way every step is inside the timed run, and only the real product's FLOPs count
         (GFLOP/s = 2MNK / time). A tiny product on CPU OpenCL runs a direct kernel (one launch).
       - The tiling is chosen per size class of the output, C(small), C(medium) or C(large) by
-        sqrt(M*N), or C(skinny) (one side at most 256, the other and K at least 2048; C(narrow)
-        if that side is at most 64), whose K is split over the device when the output has too
-        few tiles (C(plan) in each result).
+        sqrt(M*N), C(narrow32), C(narrow64), C(narrow96) or C(narrow128) (N from 16 to 127
+        beside at least 1024 rows: the tile as wide as the next of 32, 64, 96, 128 at or above
+        N), or C(skinny) (one side at most 256, the other and K at least 2048), whose K is split
+        over the device when the output has too few tiles (C(plan) in each result).
     type: list
     elements: raw
     default: []
@@ -88,10 +94,10 @@ options:
     default: 60
   tune_size:
     description:
-      - N used while tuning each size class (default the class's largest side sqrt(M*N), at most
-        1024); each candidate is scored by its worse figure at N and N + 128. The C(skinny) and
-        C(narrow) classes are tuned on 4096x128x4096 and 4096x256x4096, and on 4096x32x4096 and
-        4096x64x4096 (2048 on CPU OpenCL).
+      - Without it (the default), each size class is tuned at the products this run measures in
+        it, the largest and the smallest by FLOPs, each candidate scored by its worse figure.
+      - With it, at N and N + 128 instead; the C(skinny) class on 4096x128x4096 and
+        4096x256x4096, C(narrowW) on 4096xWx4096 and 4096x(W-16)x4096 (2048 on CPU OpenCL).
     type: int
   build_options:
     description: Extra OpenCL compiler options.
@@ -147,8 +153,11 @@ record:
   description:
     - device, backend, kernel, platform (lab|hardware|unknown) and the platform_evidence it
       rests on, thermal guard (limit, max seen, sensor, allow_no_sensor).
-    - C(tilings), per size class used, the C(params) and C(tuning) (source given, cache,
-      default or tuned); C(params) and C(tuning) alone are those of the largest product's class.
+    - C(tilings), per size class used, the C(params) and C(tuning) (C(origin) C(given), C(cache),
+      C(default) or C(tuned here), and the products it was tuned on); C(params) and C(tuning)
+      alone are those of the largest product's class.
+    - Each result's C(tiling) (the class's C(params) and their C(origin)) and C(plan) (C(tile) that
+      ran, C(wave) what the wave-aware choice changed, K slices, edge checks or padding).
     - C(results), one per entry of O(sizes) then O(shapes), each with C(m), C(n), C(k),
       C(shape) (C(MxNxK)), C(size_class), C(gflops), C(timing) (clock, median, spread,
       wall_median_s, cpu_per_wall, noisy) and C(verification) (max_rel_error, wrong elements,
@@ -160,12 +169,15 @@ record:
       description: One entry per square size, then per shape, in the order given.
       type: list
       elements: dict
-      sample: [{"m": 4096, "n": 64, "k": 4096, "shape": "4096x64x4096", "size_class": "narrow",
-                "gflops": 11030.4, "timing": {"clock": "device events"}}]
+      sample: [{"m": 4096, "n": 64, "k": 4096, "shape": "4096x64x4096", "size_class": "narrow64",
+                "gflops": 11030.4, "timing": {"clock": "device events"},
+                "tiling": {"params": {"TM": 128, "TN": 64}, "origin": "tuned here"},
+                "plan": {"tile": "128x64x16", "slices": 8, "wave": null}}]
     tilings:
       description: Per size class, the tiling used and where it came from.
       type: dict
-      sample: {"small": {"params": {"TM": 32, "TN": 32}, "tuning": {"source": "tuned"}}}
+      sample: {"small": {"params": {"TM": 32, "TN": 32}, "tuning": {"origin": "tuned here",
+               "tune_shapes": ["512x512x512"]}}}
 aborted:
   description: C(thermal) when the thermal guard stopped the probe; then no figure is returned.
   returned: when aborted
@@ -177,12 +189,15 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.vca_autotune import (
     Tuner,
-    class_key,
+    cached_for,
     load_cache,
+    products_to_tune,
+    shape_text,
     size_class,
     start_params,
     store_cache,
     tune_shapes,
+    tuned_key,
 )
 from ansible.module_utils.vca_gemm import (
     CPURunner,
@@ -227,23 +242,24 @@ def given_params(module):
     return dict((k, int(v)) for k, v in p["params"].items())
 
 
-def tiling(module, runner, cls, side, guard):
-    """The tiling for one size class: (params, tuning record). side: the class's largest sqrt(M*N)."""
+def tiling(module, runner, cls, products, guard):
+    """The tiling for one size class and where it came from: (params, tuning record with its origin).
+    products: the class's (M, N, K) in this run, which the search tunes at (or O(tune_size))."""
     p = module.params
     if p["params"]:
-        return given_params(module), {"source": "given"}
+        return given_params(module), {"origin": "given"}
     device = runner.describe()
-    key = class_key(device, cls)
-    cached = load_cache(p["cache_path"]).get(key)
+    shapes = (tune_shapes(cls, runner.is_cpu(), p["tune_size"]) if p["tune_size"]
+              else products_to_tune(products))
+    key, cached = cached_for(load_cache(p["cache_path"]), device, cls, shapes)
     if cached:
-        return cached["params"], {"source": "cache", "key": key, "gflops_when_tuned": cached.get("gflops")}
+        return cached["params"], {"origin": "cache", "key": key, "gflops_when_tuned": cached.get("gflops"),
+                                  "tune_shapes": cached.get("tune_shapes")}
     start = start_params(runner.is_cpu(), cls)
     if not p["tune"]:
-        return start, {"source": "default"}
-    n = p["tune_size"] or min(side, 1024)
-    # every candidate scored by its worse figure over the class's size and the neighbouring
-    # size (or the two skinny shapes), as bench/gemm_ratio.py tunes
-    shapes = tune_shapes(cls, runner.is_cpu(), n)
+        return start, {"origin": "default"}
+    # every candidate scored by its worse figure over the products it will run (or O(tune_size)
+    # and the size above it): tuned at 1024, the large class ran slower than untuned (issue 42)
     problems_ = []
     for i, (tm, tn, tk) in enumerate(shapes):
         a, b = random_operands(tm, tn, tk, p["seed"] + 1 + i)
@@ -266,16 +282,29 @@ def tiling(module, runner, cls, side, guard):
             scores.append(gflops(tm, tn, tk, t["median_s"]))
         return min(scores)
 
-    n = min(min(shape[0], shape[2]) for shape in shapes)
-    tuner = Tuner(evaluate, limits, n, budget=p["tune_budget"], seed=p["seed"])
+    tuner = Tuner(evaluate, limits, min(min(shape[0], shape[2]) for shape in shapes), budget=p["tune_budget"],
+                  seed=p["seed"])
     score, best = tuner.run(start=start)
     if best is None:
         module.fail_json(msg="autotuning found no tiling that verifies on %s" % device["name"],
                          trials=len(tuner.trials))
-    store_cache(p["cache_path"], key, {"params": best, "gflops": score,
-                                       "tune_shapes": ["%dx%dx%d" % shape for shape in shapes]})
-    return best, {"source": "tuned", "key": key, "trials": len(tuner.trials),
+    key = tuned_key(device, cls, shapes)
+    store_cache(p["cache_path"], key, {"params": best, "gflops": score, "tune_shapes": [shape_text(s) for s in shapes]})
+    return best, {"origin": "tuned here", "key": key, "trials": len(tuner.trials),
+                  "tune_shapes": [shape_text(s) for s in shapes],
                   "verified_candidates": sum(1 for _, s in tuner.trials if s is not None), "gflops_at_tune_size": score}
+
+
+def class_tilings(module, runner, todo, guard):
+    """{class: {"params", "tuning"}} for every size class among the products to run."""
+    by_class = {}
+    for m, n, k in todo:
+        by_class.setdefault(size_class(m, n, k), []).append((m, n, k))
+    out = {}
+    for cls, products in by_class.items():
+        params, tuning = tiling(module, runner, cls, products, guard)
+        out[cls] = {"params": params, "tuning": tuning}
+    return out
 
 
 def problems(module):
@@ -353,14 +382,7 @@ def main():
     try:
         with guard:
             if p["backend"] == "opencl" and p["kernel"] == "tuned":
-                record["tilings"] = {}
-                sides = {}
-                for m, n, k in todo:
-                    cls = size_class(m, n, k)
-                    sides[cls] = max(sides.get(cls, 0), round((m * n) ** 0.5))
-                for cls, side in sides.items():
-                    params, tuning = tiling(module, runner, cls, side, guard)
-                    record["tilings"][cls] = {"params": params, "tuning": tuning}
+                record["tilings"] = class_tilings(module, runner, todo, guard)
                 largest = max(todo, key=lambda d: d[0] * d[1] * d[2])
                 record["params"] = record["tilings"][size_class(*largest)]["params"]
                 record["tuning"] = record["tilings"][size_class(*largest)]["tuning"]
@@ -380,6 +402,11 @@ def main():
                          "timing": timing, "verification": verification}
                 if p["backend"] == "opencl":
                     entry["plan"] = runner.last_plan   # direct or tiled, K slices, edge checks or padding
+                if p["backend"] == "opencl" and p["kernel"] == "tuned":
+                    # the tiling that ran and its origin; plan.tile and plan.wave say what the
+                    # wave-aware choice made of it on a GPU
+                    entry["tiling"] = {"params": record["tilings"][cls]["params"],
+                                       "origin": record["tilings"][cls]["tuning"]["origin"]}
                 record["results"].append(entry)
     except ThermalAbort as exc:
         module.exit_json(changed=False, aborted="thermal", temperature_c=exc.temperature_c, limit_c=exc.limit_c,

@@ -23,7 +23,7 @@ SPACE = {
     "TN": [16, 32, 48, 64, 96, 128, 256],
     "TK": [8, 16, 32, 64, 128, 256],
     "WPTM": [1, 2, 4, 6, 8, 16],
-    "WPTN": [1, 2, 4, 8, 16, 32, 48, 64],
+    "WPTN": [1, 2, 4, 8, 12, 16, 32, 48, 64],
     "VW": [1, 2, 4, 8, 16],
     "LMEM": [0, 1, 2],
     "KBARRIER": [0, 1],
@@ -58,35 +58,54 @@ GPU_CLASS_START = {   # measured winners (bench/README.md), DB=0 APAD=4 by defau
     # narrow: skinny with the short side at most 64 (4096x64x4096): 128x64x16 tiles, 8 K slices,
     # 28.3 TFLOP/s on the H100 where 128x128 tiles (half of each wasted) ran 15.4; the best of
     # the worse figure over 4096x32x4096 and 4096x64x4096 (64x64x16 ran 29.7 at N=64, 7.7 at 32)
-    "narrow": dict(TM=128, TN=64, TK=16, WPTM=8, WPTN=8, VW=1, LMEM=2, KBARRIER=0, PF=0, PACK=0),
+    "narrow64": dict(TM=128, TN=64, TK=16, WPTM=8, WPTN=8, VW=1, LMEM=2, KBARRIER=0, PF=0, PACK=0),
+    # narrow N (16-127, issue 42): the tile as wide as the next of 32, 64, 96, 128 at or above N,
+    # so that a group is off C's right edge by less than 32 columns, or not at all (H100, one
+    # call against cuBLAS: 4096x32x4096 256x32x16 0.86, 128x32x16 0.75; 6000x96x6000 128x96x16
+    # 1.06, 128x128x8 0.70; 6001x117x4999 128x128x8 0.78, 128x96x16 0.38)
+    "narrow32": dict(TM=256, TN=32, TK=16, WPTM=16, WPTN=4, VW=1, LMEM=2, KBARRIER=0, PF=0, PACK=0),
+    "narrow96": dict(TM=128, TN=96, TK=16, WPTM=8, WPTN=12, VW=1, LMEM=2, KBARRIER=0, PF=0, PACK=0),
+    "narrow128": dict(TM=128, TN=128, TK=8, WPTM=8, WPTN=8, VW=1, LMEM=2, KBARRIER=0, PF=0, PACK=0),
 }
+NARROW_WIDTHS = (32, 64, 96, 128)
 # Size classes by the output's side, sqrt(M*N) (a 4096x64 output is "small": few tiles),
 # and the side each class is tuned at (CPU OpenCL tunes "large" at 2048: PoCL is slow).
-# "medium" ends at 1536: on the H200 the large class's tiles already win at 2048 (46 TFLOP/s
-# for 128x128 against 36-37 for the medium class's 64x64 and 64x128).
-SIZE_CLASSES = (("small", 768), ("medium", 1536), ("large", None))
+# "medium" ends at 1152 (1536 before issue 42): on the H100 the large class's 128x128 tiles, with
+# the wave-aware plan (vca_gemm.wave_plan), beat the medium 64x64 on odd products between:
+# 333x5555x2221 0.82x cuBLAS (2 K slices) against 0.67x, 1531^3 0.75x (3) against 0.72x,
+# 999x1999x511 0.71x against 0.67x; 5999x257x3001 lost (0.63x, 3 slices, against 0.67x).
+SIZE_CLASSES = (("small", 768), ("medium", 1152), ("large", None))
 TUNE_N = {"small": 512, "medium": 1024, "large": 4096}
 CPU_TUNE_N = {"small": 512, "medium": 1024, "large": 2048}
 
 
 # Tuning scores a candidate by its worse figure at the class's size and this much above it,
-# so that a tiling suiting one size only does not win (the bench and the module alike).
+# so that a tiling suiting one size only does not win (the bench; the module tunes at the
+# products it will run).
 TUNE_NEIGHBOUR = 128
+# "narrow" (issue 42): N from NARROW_MIN to NARROW_MAX beside at least NARROW_TALL rows, any K;
+# one class per tile width (narrow32 ... narrow128), each tuned and cached on its own.
 # "skinny": one side of the output at most SKINNY_SIDE, the other and K at least SKINNY_LONG
-# (4096x128x4096, 8192x128x8192): few output tiles, much K; "narrow" where that side is at
-# most NARROW_SIDE (4096x64x4096). Each tuned on its two shapes.
-SKINNY_SIDE, SKINNY_LONG, NARROW_SIDE = 256, 2048, 64
-SKINNY_TUNE_SHAPES = {"skinny": ((4096, 128, 4096), (4096, 256, 4096)),
-                      "narrow": ((4096, 32, 4096), (4096, 64, 4096))}
-CPU_SKINNY_TUNE_SHAPES = {"skinny": ((2048, 128, 2048), (2048, 256, 2048)),
-                          "narrow": ((2048, 32, 2048), (2048, 64, 2048))}
+# (4096x128x4096, 8192x128x8192, 64x4096x4096): few output tiles, much K.
+NARROW_MIN, NARROW_MAX, NARROW_TALL = 16, 127, 1024
+SKINNY_SIDE, SKINNY_LONG = 256, 2048
+SKINNY_TUNE_SHAPES = {"skinny": ((4096, 128, 4096), (4096, 256, 4096))}
+CPU_SKINNY_TUNE_SHAPES = {"skinny": ((2048, 128, 2048), (2048, 256, 2048))}
+
+
+def narrow_width(n):
+    """The narrow class's tile width for N columns: the first of NARROW_WIDTHS at or above N."""
+    return next(w for w in NARROW_WIDTHS if n <= w)
 
 
 def size_class(m, n=None, k=None):
-    """small, medium or large, by sqrt(M*N) (N = M when only one side is given); "skinny"
-    or "narrow" when K is given and the output is tall-skinny over a long K."""
+    """small, medium or large, by sqrt(M*N) (N = M when only one side is given); "narrowW"
+    (W the tile width) for N in 16..127 beside at least 1024 rows; "skinny" when K is given
+    and the output is tall-skinny over a long K."""
+    if n is not None and NARROW_MIN <= n <= NARROW_MAX and m >= NARROW_TALL:
+        return "narrow%d" % narrow_width(n)
     if n is not None and k is not None and min(m, n) <= SKINNY_SIDE and min(max(m, n), k) >= SKINNY_LONG:
-        return "narrow" if min(m, n) <= NARROW_SIDE else "skinny"
+        return "skinny"
     side = (m * (m if n is None else n)) ** 0.5
     for name, upper in SIZE_CLASSES:
         if upper is None or side <= upper:
@@ -95,11 +114,14 @@ def size_class(m, n=None, k=None):
 
 
 def tune_shapes(cls, is_cpu, n=None):
-    """The (M, N, K) products a class's candidates are scored on (each by its worse figure):
-    the class's tuning size n (default TUNE_N or CPU_TUNE_N) and n + TUNE_NEIGHBOUR, or the
-    two skinny shapes."""
+    """The (M, N, K) products a class's candidates are scored on in the bench (each by its
+    worse figure): the class's tuning size n (default TUNE_N or CPU_TUNE_N) and n + TUNE_NEIGHBOUR,
+    the two skinny shapes, or for narrowW N = W and W - 16 over 4096 rows and K (2048 on CPU)."""
     if cls in SKINNY_TUNE_SHAPES:
         return (CPU_SKINNY_TUNE_SHAPES if is_cpu else SKINNY_TUNE_SHAPES)[cls]
+    if cls.startswith("narrow"):
+        side, w = (2048 if is_cpu else 4096), int(cls[len("narrow"):])
+        return ((side, w, side), (side, w - 16, side))
     n = n or (CPU_TUNE_N if is_cpu else TUNE_N)[cls]
     return ((n, n, n), (n + TUNE_NEIGHBOUR,) * 3)
 
@@ -146,6 +168,32 @@ def class_key(device, cls):
 def cache_key(device, n, m=None, k=None):
     """Winners are cached per device, driver and size class (of an M x N output; square if m is None)."""
     return class_key(device, size_class(n, m, k))
+
+
+def shape_text(shape):
+    return "%dx%dx%d" % tuple(shape)
+
+
+def tuned_key(device, cls, shapes):
+    """The cache key of a class's winner tuned on these products (the module's)."""
+    return "%s|%s" % (class_key(device, cls), ",".join(shape_text(s) for s in shapes))
+
+
+def cached_for(cache, device, cls, products):
+    """(key, entry) of a cached winner for this device and class that was tuned on every one of
+    these products, or (None, None): a winner tuned at other sizes is not reused for these."""
+    want = {shape_text(p) for p in products}
+    for key, entry in sorted(cache.items()):
+        if key.split("|")[:3] == class_key(device, cls).split("|") and want <= set(entry.get("tune_shapes", ())):
+            return key, entry
+    return None, None
+
+
+def products_to_tune(products):
+    """The products a class is tuned on in the module: those it will run, the largest and the
+    smallest by FLOPs (one if they are the same)."""
+    ranked = sorted(set(tuple(p) for p in products), key=lambda p: (p[0] * p[1] * p[2], p))
+    return tuple(dict.fromkeys([ranked[-1], ranked[0]]))
 
 
 class Tuner(object):

@@ -155,6 +155,58 @@ def split_k(m, n, k, params, compute_units):
     return -(-k // ks), ks
 
 
+# Wave-aware choice (issue 42), GPUs: the busiest compute unit's work decides the time. A
+# product whose work-groups leave the compute units unevenly loaded (2200^3 in 128x128 tiles:
+# 324 groups on 132 CUs, so some run 3 and some 2) may run faster in half-height tiles or
+# split over K. Each plan is costed in FMAs on the busiest CU, from these assumptions, fitted
+# to the H100's one-call figures of issue 42 (bench/README.md):
+RESIDENT_ITEMS_PER_CU = 512   # 8x8 register blocks: two 256-item work-groups fit on an H100 SM
+LONE_GROUP_SPEED = 0.7        # a CU holding 256 work-items or fewer runs at this share of its rate
+HALF_TILE_SPEED = 0.8         # a half-height tile's rate against the whole tile's
+REDUCE_FMA_PER_BYTE = 20      # split K's slabs: each byte written and read back costs 20 FMAs' time
+WAVE_MAX_SLICES = 4
+
+
+def plan_cost(shape, params, slices, compute_units, speed=1.0):
+    """FMAs' worth of time on the busiest compute unit for this (M, N, K), tiling and K slice count."""
+    m, n, k = shape
+    items = (params["TM"] // params["WPTM"]) * (params["TN"] // params["WPTN"])
+    groups = -(-m // params["TM"]) * -(-n // params["TN"]) * slices
+    load = -(-groups // max(int(compute_units), 1))
+    occupancy = LONE_GROUP_SPEED if load * items <= 256 and load < RESIDENT_ITEMS_PER_CU // items else 1.0
+    cost = load * params["TM"] * params["TN"] * -(-k // slices) / (speed * occupancy)
+    if slices > 1:
+        cost += (slices + 1) * m * n * 4 * REDUCE_FMA_PER_BYTE / max(int(compute_units), 1)
+    return cost
+
+
+def wave_plan(m, n, k, params, compute_units):
+    """(params, note): the float4 tiling as given, or its half-height tile (TM / 2), and a K
+    slice count (SPLITK) of 1 to WAVE_MAX_SLICES (none shorter than SPLIT_MIN_SLICE), whichever
+    plan_cost rates fastest; note says what changed (None: nothing). Only 8x8 register blocks
+    (the assumptions' own; 64x64 tiles of 8x4 lost a third at 1024 split in two on the H200);
+    left alone too: a forced SPLITK, and outputs that split_k already splits."""
+    if (params.get("LMEM") != 2 or params["WPTM"] * params["WPTN"] != 64 or params.get("SPLITK")
+            or split_k(m, n, k, params, compute_units)[0] > 1):
+        return params, None
+    tiles = [(params, 1.0)]
+    half = dict(params, TM=params["TM"] // 2)
+    if params["TM"] % (2 * params["WPTM"]) == 0 and half["TM"] >= 32:
+        tiles.append((half, HALF_TILE_SPEED))
+    best = None
+    for tiling, speed in tiles:
+        for slices in range(1, WAVE_MAX_SLICES + 1):
+            if slices > 1 and -(-k // slices) < SPLIT_MIN_SLICE:
+                break
+            cost = plan_cost((m, n, k), tiling, slices, compute_units, speed)
+            if best is None or cost < best[0]:
+                best = (cost, tiling, slices)
+    _, tiling, slices = best
+    notes = (["half-height tiles (TM %d)" % tiling["TM"]] * (tiling is half)
+             + ["%d K slices" % slices] * (slices > 1))
+    return dict(tiling, SPLITK=slices), ", ".join(notes) or None
+
+
 def reduce_slices(partial, slices, rows, cols, ld=None):
     """NumPy statement of reduce_splits (sgemm.cl): the slabs summed in order s = 0, 1, ...,
     cut to rows x cols. partial is the flat buffer of slices x rows_p x ld floats."""
@@ -259,6 +311,9 @@ class OpenCLRunner(object):
         the K slices or the cut back of a padded C (reduce_splits). The plan is in last_plan."""
         m, k = a.shape
         n = b.shape[1]
+        wave = None
+        if not self.is_cpu():
+            params, wave = wave_plan(m, n, k, params, self.describe()["compute_units"])
         params = dict(params)
         forced_split = params.pop("SPLITK", 0)
         abuf, bbuf, cbuf, read_back = self._upload(a, b, (m, n))
@@ -273,6 +328,8 @@ class OpenCLRunner(object):
         edge = uses_edge(m, n, k, params)
         if edge:
             params["EDGE"] = 1
+            # rows that do not start 16-byte aligned are read (and C written) with vload4/vstore4
+            params.update({key: 0 for key, side in (("AV4", k), ("BV4", n)) if side % 4})
             mp, np_, kp = m, n, k
         else:
             mp, np_, kp = round_up(m, params["TM"]), round_up(n, params["TN"]), round_up(k, params["TK"])
@@ -307,7 +364,8 @@ class OpenCLRunner(object):
             steps.append((self._kernel(params, extra, "reduce_splits"), rglob, rlocal,
                           (i32(m), i32(n), i32(np_), i32(slices), i32(mp * np_), out, cbuf)))
         self.last_plan = {"path": "tiled", "slices": slices, "k_per_slice": ks, "edge": edge,
-                          "padded": bool((mp, np_, kp) != (m, n, k)), "launches": len(steps)}
+                          "padded": bool((mp, np_, kp) != (m, n, k)), "launches": len(steps),
+                          "tile": "%dx%dx%d" % (params["TM"], params["TN"], params["TK"]), "wave": wave}
         return self._runner(steps), read_back
 
     def prepare_shipped(self, a, b):

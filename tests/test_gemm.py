@@ -8,7 +8,7 @@ import subprocess
 import numpy as np
 import pyopencl
 import pytest
-from ansible.module_utils.vca_autotune import SPACE, Tuner, cache_key, size_class, tune_shapes, valid
+from ansible.module_utils.vca_autotune import SPACE, Tuner, size_class, start_params, tune_shapes, tuned_key, valid
 from ansible.module_utils.vca_gemm import (
     OpenCLRunner,
     Reference,
@@ -23,6 +23,7 @@ from ansible.module_utils.vca_gemm import (
     throttle_names,
     timing,
     tolerance,
+    wave_plan,
 )
 from ansible.module_utils.vca_sensors import LAB_MARKER
 from ansible.module_utils.vca_thermal import ThermalAbort, ThermalGuard
@@ -70,7 +71,8 @@ def test_tiled_kernel_reports_a_verified_figure(tmp_path, capsys, params):
         assert r["verification"]["passed"] and r["verification"]["wrong"] == 0
         assert r["verification"]["max_rel_error"] < r["verification"]["tolerance"]
         assert r["timing"]["runs"] >= 5 and r["gflops"] > 0
-    assert record["params"] == params and record["tuning"] == {"source": "given"}
+    assert record["params"] == params and record["tuning"] == {"origin": "given"}
+    assert {r["tiling"]["origin"] for r in record["results"]} == {"given"}
 
 
 def test_kernel_that_skips_the_last_k_tile_is_rejected(tmp_path, capsys):
@@ -108,12 +110,13 @@ def test_shipped_kernel_reproduction_is_measured_too(tmp_path, capsys):
 def test_tuning_searches_verifies_caches_and_reuses(tmp_path, capsys):
     args = opencl_args(tmp_path, sizes=[64], tune_budget=6)
     first = run_module("vca_gemm", args, capsys)["record"]
-    assert first["tuning"]["source"] == "tuned"
+    assert first["tuning"]["origin"] == "tuned here"
     assert 1 <= first["tuning"]["verified_candidates"] <= first["tuning"]["trials"] <= 6
     cache = json.loads((tmp_path / "tune.json").read_text())
-    assert list(cache) == [cache_key(first["device"], 64)]
+    assert list(cache) == [tuned_key(first["device"], "small", [(64, 64, 64)])]
     second = run_module("vca_gemm", args, capsys)["record"]
-    assert second["tuning"]["source"] == "cache" and second["params"] == first["params"]
+    assert second["tuning"]["origin"] == "cache" and second["params"] == first["params"]
+    assert second["results"][0]["tiling"] == {"params": first["params"], "origin": "cache"}
 
 
 def test_hot_node_aborts_with_the_temperature_and_no_figure(tmp_path, capsys, sim_tree, sim_params):
@@ -268,23 +271,24 @@ def test_malformed_shapes_are_refused(tmp_path, capsys, shape):
 
 
 def test_size_classes_by_the_output():
-    assert [size_class(n) for n in (64, 512, 768, 769, 1536, 1537, 8192)] == [
+    assert [size_class(n) for n in (64, 512, 768, 769, 1152, 1153, 8192)] == [
         "small", "small", "small", "medium", "medium", "large", "large"]
-    assert size_class(4096, 64) == "small"           # tall-skinny: few output tiles
-    assert size_class(2048, 1024) == "medium"
+    assert size_class(4096, 8) == "small"            # tall-skinny, narrower than any narrow tile
+    assert size_class(1024, 1024) == "medium" and size_class(2048, 1024) == "large"
 
 
 def test_each_size_class_is_tuned_and_cached_on_its_own(tmp_path, capsys):
     args = opencl_args(tmp_path, sizes=[64], shapes=[[900, 900, 16]], tune_budget=3, tune_size=64)
     first = run_module("vca_gemm", args, capsys)["record"]
     assert set(first["tilings"]) == {"small", "medium"}
-    assert all(t["tuning"]["source"] == "tuned" for t in first["tilings"].values())
+    assert all(t["tuning"]["origin"] == "tuned here" for t in first["tilings"].values())
     assert [r["size_class"] for r in first["results"]] == ["small", "medium"]
     assert first["params"] == first["tilings"]["medium"]["params"]     # the largest product's class
     cache = json.loads((tmp_path / "tune.json").read_text())
-    assert sorted(cache) == sorted([cache_key(first["device"], 64), cache_key(first["device"], 900)])
+    at = [(64, 64, 64), (192, 192, 192)]                            # tune_size 64 and 64 + 128
+    assert sorted(cache) == sorted([tuned_key(first["device"], "small", at), tuned_key(first["device"], "medium", at)])
     second = run_module("vca_gemm", args, capsys)["record"]
-    assert {t["tuning"]["source"] for t in second["tilings"].values()} == {"cache"}
+    assert {t["tuning"]["origin"] for t in second["tilings"].values()} == {"cache"}
 
 
 def test_opencl_figures_are_timed_by_device_events(tmp_path, capsys):
@@ -439,21 +443,108 @@ def test_throttle_names_and_median_burst():
 
 def test_skinny_outputs_over_a_long_k_are_their_own_class():
     assert size_class(4096, 128, 4096) == "skinny" and size_class(8192, 128, 8192) == "skinny"
-    assert size_class(4096, 64, 4096) == "narrow" and size_class(64, 4096, 4096) == "narrow"
-    assert size_class(4096, 64, 64) == "small"                 # short K: nothing to split
+    assert size_class(64, 4096, 4096) == "skinny"              # few rows: narrow is about N
+    assert size_class(4096, 200, 64) == "medium"               # short K: nothing to split
     assert size_class(4096, 4096, 4096) == "large" and size_class(97, 33, 65) == "small"
+
+
+def test_narrow_n_is_a_class_per_tile_width():
+    """N from 16 to 127 beside at least 1024 rows, whatever K: the tile as wide as the next of
+    32, 64, 96, 128, so no group is more than 31 columns off C's right edge."""
+    assert [size_class(6000, n, 6000) for n in (16, 32, 33, 64, 96, 97, 117, 127)] == [
+        "narrow32", "narrow32", "narrow64", "narrow64", "narrow96", "narrow128", "narrow128", "narrow128"]
+    assert size_class(2000, 100, 257) == "narrow128"           # any K
+    assert size_class(6000, 15, 6000) != "narrow32" and size_class(6000, 128, 6000) == "skinny"
+    assert size_class(1023, 96, 6000) != "narrow96"            # too few rows: the usual classes
+    for cls in ("narrow32", "narrow64", "narrow96", "narrow128"):
+        p = start_params(False, cls)
+        assert valid(dict(p, DB=0, APAD=4), {"max_work_group_size": 1024, "local_mem_bytes": 49152}, 4096)
+        assert p["TN"] == int(cls[len("narrow"):])
+    assert tune_shapes("narrow96", False) == ((4096, 96, 4096), (4096, 80, 4096))
+    assert tune_shapes("narrow32", True) == ((2048, 32, 2048), (2048, 16, 2048))
 
 
 def test_classes_are_tuned_at_their_size_and_the_neighbouring_size():
     assert tune_shapes("large", False) == ((4096, 4096, 4096), (4224, 4224, 4224))
     assert tune_shapes("small", True, 64) == ((64, 64, 64), (192, 192, 192))
     assert tune_shapes("skinny", False) == ((4096, 128, 4096), (4096, 256, 4096))
-    assert tune_shapes("narrow", True) == ((2048, 32, 2048), (2048, 64, 2048))
 
 
 def test_the_module_scores_candidates_at_two_sizes(tmp_path, capsys):
     args = opencl_args(tmp_path, sizes=[64], tune_budget=2, tune_size=64)
     record = run_module("vca_gemm", args, capsys)["record"]
     cache = json.loads((tmp_path / "tune.json").read_text())
-    assert cache[cache_key(record["device"], 64)]["tune_shapes"] == ["64x64x64", "192x192x192"]
+    key = tuned_key(record["device"], "small", [(64, 64, 64), (192, 192, 192)])
+    assert cache[key]["tune_shapes"] == ["64x64x64", "192x192x192"]
     assert record["results"][0]["plan"]["path"] in ("tiled", "direct")
+
+
+@pytest.mark.parametrize("shape, edge_counts", [
+    ((64, 64, 61), {1}),            # K % 4 != 0, tiles inside C: only the short last chunk is checked
+    ((96, 99, 257), {1, 33}),       # unaligned A and B rows: inner groups check one chunk, the N edge all 33
+    ((64, 64, 52), {1}),
+    ((64, 66, 64), {0, 8}),         # only N off the tile: inner groups check nothing, the edge all 8
+])
+def test_inner_work_groups_check_only_the_last_k_chunk(shape, edge_counts):
+    """COUNT_CHECKED makes every work-item store how many K chunks it loaded through the checked
+    path: inner work-groups (tile inside C) check the last chunk alone, even where K or N is not
+    a multiple of 4 (their rows read with vload4); the real product is verified too."""
+    m, n, k = shape
+    runner = pocl_runner()
+    a, b = random_operands(m, n, k, 15)
+    run, result = runner.prepare(a, b, SMALL_VEC, direct=False)
+    run()
+    assert Reference(a, b).verify(result())["passed"]
+    run, result = runner.prepare(a, b, SMALL_VEC, ["-DCOUNT_CHECKED"], direct=False)
+    run()
+    counts = result()
+    assert set(np.unique(counts).tolist()) == edge_counts
+    assert np.all(counts[:32, :32] == min(edge_counts))         # the first work-group is an inner one
+
+
+def test_the_module_tunes_at_the_products_it_runs_and_says_where_its_tiling_came_from(tmp_path, capsys):
+    """No tune_size: each class is tuned at its own products in this run (the largest and the
+    smallest), not at a size of its own (the large class tuned at 1024 ran slower than untuned);
+    a winner tuned at other products is not reused, and every result names its tiling's origin."""
+    args = opencl_args(tmp_path, sizes=[64, 96, 80], tune_budget=2)
+    first = run_module("vca_gemm", args, capsys)["record"]
+    tuning = first["tilings"]["small"]["tuning"]
+    assert tuning["origin"] == "tuned here" and tuning["tune_shapes"] == ["96x96x96", "64x64x64"]
+    cache = json.loads((tmp_path / "tune.json").read_text())
+    assert cache[tuned_key(first["device"], "small", [(96, 96, 96), (64, 64, 64)])]["tune_shapes"] == [
+        "96x96x96", "64x64x64"]
+    assert [r["tiling"]["origin"] for r in first["results"]] == ["tuned here"] * 3
+    again = run_module("vca_gemm", opencl_args(tmp_path, sizes=[96, 64], tune_budget=2), capsys)["record"]
+    assert [r["tiling"]["origin"] for r in again["results"]] == ["cache"] * 2
+    other = run_module("vca_gemm", opencl_args(tmp_path, sizes=[128], tune_budget=2), capsys)["record"]
+    assert other["tilings"]["small"]["tuning"]["tune_shapes"] == ["128x128x128"]
+    assert other["results"][0]["tiling"]["origin"] == "tuned here"
+    untuned = run_module("vca_gemm", opencl_args(tmp_path, sizes=[64], tune=False,
+                                                 cache_path=str(tmp_path / "none.json")), capsys)["record"]
+    assert untuned["results"][0]["tiling"] == {"params": untuned["params"], "origin": "default"}
+
+
+LARGE_GPU = start_params(False, "large")
+
+
+def test_wave_aware_choice_counts_the_compute_units():
+    """2200^3 in 128x128 tiles is 324 work-groups: on 132 compute units some run 3 and most 2,
+    so the plan splits K (or halves the tile); on 108 units it is 3 each, and nothing changes.
+    2048^3 fills 132 units evenly; 1000x3000x257 (K too short to split) gets half-height tiles."""
+    planned, note = wave_plan(2200, 2200, 2200, LARGE_GPU, 132)
+    assert note and (planned["SPLITK"] > 1 or planned["TM"] == 64)
+    assert wave_plan(2200, 2200, 2200, LARGE_GPU, 108) == (dict(LARGE_GPU, SPLITK=1), None)
+    assert wave_plan(2048, 2048, 2048, LARGE_GPU, 132) == (dict(LARGE_GPU, SPLITK=1), None)
+    planned, note = wave_plan(1000, 3000, 257, LARGE_GPU, 132)
+    assert planned["TM"] == 64 and planned["SPLITK"] == 1 and "half-height" in note
+    assert valid(dict(planned, DB=0, APAD=4), {"max_work_group_size": 1024, "local_mem_bytes": 49152}, 257)
+
+
+def test_wave_aware_choice_leaves_alone_what_it_was_not_fitted_for():
+    medium = start_params(False, "medium")                    # 8x4 blocks: split at 1024 lost a third
+    assert wave_plan(1024, 1024, 1024, medium, 132) == (medium, None)
+    assert wave_plan(2200, 2200, 2200, dict(LARGE_GPU, SPLITK=1), 132)[1] is None     # forced
+    skinny = start_params(False, "skinny")                    # split_k's own many slices stay
+    assert wave_plan(4096, 128, 4096, skinny, 132) == (skinny, None)
+    cpu = start_params(True, "large")
+    assert wave_plan(2200, 2200, 2200, cpu, 2) == (cpu, None)

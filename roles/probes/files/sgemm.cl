@@ -36,7 +36,14 @@
 //   EDGE        with LMEM 2: 1 bounds-checks the work-groups on the edge of C and
 //               the last K chunk (zeros outside A and B, no stores outside C),
 //               so M, N, K need not be multiples of the tile and nothing is padded;
-//               interior work-groups keep the float4 path (one uniform branch)
+//               a work-group whose tile lies inside C takes the unchecked path for
+//               every whole K chunk and checks only the last, short one
+//   AV4, BV4    with EDGE: 1 (default) where A's rows (K % 4 == 0) or B's and C's rows
+//               (N % 4 == 0) start 16-byte aligned, so that they are read and written
+//               as float4s; 0 reads and writes them with vload4/vstore4 instead (the
+//               host sets both from the shape), on the unchecked path too
+//   COUNT_CHECKED  (tests only) each work-item stores, instead of its product, how many
+//               K chunks it loaded through the checked path
 // Without EDGE the host pads M % TM == 0, N % TN == 0, K % TK == 0, on the device
 // (pad2d below, timed with the product) and cuts C back (reduce_splits).
 // Split K: the third NDRange dimension is the K slice. Work-group z multiplies
@@ -59,6 +66,12 @@
 #endif
 #ifndef EDGE
 #define EDGE 0
+#endif
+#ifndef AV4
+#define AV4 1
+#endif
+#ifndef BV4
+#define BV4 1
 #endif
 #define RTSM (TM / WPTM)   // work-items along M
 #define RTSN (TN / WPTN)   // work-items along N
@@ -109,41 +122,76 @@ void sgemm(const int M, const int N, const int K, const int KS,
     __local float Bs[NBUF][TK][TN] __attribute__((aligned(16)));
     const int tid = tm * RTSN + tn;
     float4 ra[LA4], rb[LB4];
+// four floats of a row of A, or of B or C: one 16-byte access where rows are aligned
+#if AV4
+#define LOADA4(p) (*(__global const float4 *)(p))
+#else
+#define LOADA4(p) vload4(0, (p))
+#endif
+#if BV4
+#define LOADB4(p) (*(__global const float4 *)(p))
+#define STOREC4(v, p) (*(__global float4 *)(p) = (v))
+#else
+#define LOADB4(p) vload4(0, (p))
+#define STOREC4(v, p) vstore4((v), 0, (p))
+#endif
 #define FETCH4_FAST(k0)                                                                  \
     for (int l = 0; l < LA4; l++) {                                                      \
         const int e = tid + l * NT;                                                      \
-        ra[l] = *(__global const float4 *)(A + (m0 + e / KQ) * K + (k0) + (e % KQ) * 4); \
+        ra[l] = LOADA4(A + (m0 + e / KQ) * K + (k0) + (e % KQ) * 4);                     \
     }                                                                                    \
     for (int l = 0; l < LB4; l++) {                                                      \
         const int e = tid + l * NT;                                                      \
-        rb[l] = *(__global const float4 *)(B + ((k0) + e / NQ) * N + n0 + (e % NQ) * 4); \
+        rb[l] = LOADB4(B + ((k0) + e / NQ) * N + n0 + (e % NQ) * 4);                     \
     }
 #if EDGE
-// zeros outside A (M x ke) and B (ke x N); a float4 load where the four floats are inside
-// and 16-byte aligned, else four checked scalar loads (only edge work-groups branch here)
+// zeros outside A (M x ke) and B (ke x N); one 4-float load where the four floats are inside,
+// else four checked scalar loads (edge work-groups, and the last K chunk where it is short)
 #define AE(r, c) (((r) < M && (c) < ke) ? A[(r) * K + (c)] : 0.0f)
 #define BE(r, c) (((r) < ke && (c) < N) ? B[(r) * N + (c)] : 0.0f)
-#define AQ(r, c) (((r) < M && (c) + 3 < ke && K % 4 == 0)                                  \
-                  ? *(__global const float4 *)(A + (r) * K + (c))                           \
+#define AQ(r, c) (((r) < M && (c) + 3 < ke) ? LOADA4(A + (r) * K + (c))                      \
                   : (float4)(AE(r, c), AE(r, c + 1), AE(r, c + 2), AE(r, c + 3)))
-#define BQ(r, c) (((r) < ke && (c) + 3 < N && N % 4 == 0)                                  \
-                  ? *(__global const float4 *)(B + (r) * N + (c))                           \
+#define BQ(r, c) (((r) < ke && (c) + 3 < N) ? LOADB4(B + (r) * N + (c))                     \
                   : (float4)(BE(r, c), BE(r, c + 1), BE(r, c + 2), BE(r, c + 3)))
+#ifdef COUNT_CHECKED
+#define COUNT_ONE checked++;
+#else
+#define COUNT_ONE
+#endif
 #define FETCH4(k0)                                                                       \
-    if (interior && (k0) + TK <= ke) {                                                   \
-        FETCH4_FAST(k0)                                                                  \
-    } else {                                                                             \
-        for (int l = 0; l < LA4; l++) {                                                  \
-            const int e = tid + l * NT;                                                  \
-            ra[l] = AQ(m0 + e / KQ, (k0) + (e % KQ) * 4);                                \
+    {                                                                                    \
+        const int whole = (k0) + TK <= ke;                                               \
+        if (whole && rows_in) {                                                          \
+            for (int l = 0; l < LA4; l++) {                                              \
+                const int e = tid + l * NT;                                              \
+                ra[l] = LOADA4(A + (m0 + e / KQ) * K + (k0) + (e % KQ) * 4);             \
+            }                                                                            \
+        } else {                                                                         \
+            for (int l = 0; l < LA4; l++) {                                              \
+                const int e = tid + l * NT;                                              \
+                ra[l] = AQ(m0 + e / KQ, (k0) + (e % KQ) * 4);                            \
+            }                                                                            \
         }                                                                                \
-        for (int l = 0; l < LB4; l++) {                                                  \
-            const int e = tid + l * NT;                                                  \
-            rb[l] = BQ((k0) + e / NQ, n0 + (e % NQ) * 4);                                \
+        if (whole && cols_in) {                                                          \
+            for (int l = 0; l < LB4; l++) {                                              \
+                const int e = tid + l * NT;                                              \
+                rb[l] = LOADB4(B + ((k0) + e / NQ) * N + n0 + (e % NQ) * 4);             \
+            }                                                                            \
+        } else {                                                                         \
+            for (int l = 0; l < LB4; l++) {                                              \
+                const int e = tid + l * NT;                                              \
+                rb[l] = BQ((k0) + e / NQ, n0 + (e % NQ) * 4);                            \
+            }                                                                            \
+        }                                                                                \
+        if (!(whole && rows_in && cols_in)) {                                            \
+            COUNT_ONE                                                                    \
         }                                                                                \
     }
-    // uniform over the work-group: its whole tile inside C, and rows 16-byte aligned
-    const int interior = m0 + TM <= M && n0 + TN <= N && K % 4 == 0 && N % 4 == 0;
+    // uniform over the work-group: its rows of A and C, its columns of B and C, inside the
+    // matrices (whatever the alignment: AV4, BV4). A group off C's right edge alone (narrow N)
+    // still reads A unchecked, and one off the bottom edge reads B unchecked.
+    const int rows_in = m0 + TM <= M, cols_in = n0 + TN <= N, interior = rows_in && cols_in;
+    int checked = 0;
 #else
 #define FETCH4(k0) FETCH4_FAST(k0)
 #endif
@@ -202,6 +250,11 @@ void sgemm(const int M, const int N, const int K, const int KS,
 #endif
     }
 #if EDGE
+#ifdef COUNT_CHECKED
+    for (int i = 0; i < WPTM; i++)
+        for (int j = 0; j < WPTN; j++)
+            acc[i][j] = (float)checked;
+#endif
     if (!interior) {
         for (int i = 0; i < WPTM; i++) {
             const int row = m0 + (i / 4) * RTSM * 4 + tm * 4 + i % 4;
@@ -209,9 +262,9 @@ void sgemm(const int M, const int N, const int K, const int KS,
                 continue;
             for (int j = 0; j < BN; j++) {
                 const int col = n0 + j * RTSN * 4 + tn * 4;
-                if (col + 3 < N && N % 4 == 0) {
-                    *(__global float4 *)&C[row * N + col] =
-                        (float4)(acc[i][4 * j], acc[i][4 * j + 1], acc[i][4 * j + 2], acc[i][4 * j + 3]);
+                if (col + 3 < N) {
+                    STOREC4((float4)(acc[i][4 * j], acc[i][4 * j + 1], acc[i][4 * j + 2], acc[i][4 * j + 3]),
+                            &C[row * N + col]);
                 } else {
                     for (int q = 0; q < 4; q++)
                         if (col + q < N)
@@ -225,8 +278,8 @@ void sgemm(const int M, const int N, const int K, const int KS,
     for (int i = 0; i < WPTM; i++) {
         const int row = m0 + (i / 4) * RTSM * 4 + tm * 4 + i % 4;
         for (int j = 0; j < BN; j++)
-            *(__global float4 *)&C[row * N + n0 + j * RTSN * 4 + tn * 4] =
-                (float4)(acc[i][4 * j], acc[i][4 * j + 1], acc[i][4 * j + 2], acc[i][4 * j + 3]);
+            STOREC4((float4)(acc[i][4 * j], acc[i][4 * j + 1], acc[i][4 * j + 2], acc[i][4 * j + 3]),
+                    &C[row * N + n0 + j * RTSN * 4 + tn * 4]);
     }
 #elif LMEM
     // As is stored transposed; one float of padding per row keeps the
