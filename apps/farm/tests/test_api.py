@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import io
+import re
 import sys
 import tarfile
 import time
@@ -22,6 +23,7 @@ from farm.api import build, listen_address
 from farm.config import load
 from farm.db import DB
 from farm.remotion import tree_hash
+from farm.statemachine import StateMachine
 
 SPEC = {"renderer": "testsrc", "width": 320, "height": 180, "fps": 30, "frames": 120}
 
@@ -41,9 +43,23 @@ def as_worker(api):
     return api
 
 
+def attempt_headers(api, jid, name) -> dict:
+    """The headers of the attempt that holds this part's chunk (its attempts recorded first, as the
+    coordinator does when the job runs)."""
+    m = re.fullmatch(r"part-(\d{5})\.(ts|wav)", name)
+    db = DB(api.settings.db_path)
+    if not m or db.job(jid) is None:
+        return {}
+    if not db.one("SELECT 1 AS x FROM attempts WHERE job_id=?", (jid,)):
+        StateMachine(api.settings, db).running(jid)
+    a = db.one("SELECT id, key FROM attempts WHERE job_id=? AND idx=?", (jid, int(m.group(1))))
+    return {"X-Farm-Attempt": a["id"], "X-Farm-Attempt-Key": a["key"]} if a else {}
+
+
 def put_part(api, jid, name, body: bytes, digest: str | None = None):
     return api.put("/v1/jobs/%s/parts/%s" % (jid, name), content=body,
-                   headers={"X-Content-SHA256": digest if digest is not None else hashlib.sha256(body).hexdigest()})
+                   headers={"X-Content-SHA256": digest if digest is not None else hashlib.sha256(body).hexdigest(),
+                            **attempt_headers(api, jid, name)})
 
 
 def test_submit_status_cancel(api):
@@ -166,8 +182,6 @@ def test_a_part_the_host_has_no_room_for_is_its_own_fault_507(api, monkeypatch):
     async def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
     monkeypatch.setattr(api_module, "_write_part", full)
-    body = b"part"
-    r = as_worker(api).put("/v1/jobs/%s/parts/part-00000.ts" % jid, content=body,
-                            headers={"X-Content-SHA256": hashlib.sha256(body).hexdigest()})
+    r = put_part(as_worker(api), jid, "part-00000.ts", b"part")
     assert r.status_code == 507 and "disk is full" in r.json()["error"], r.text
     assert list((Path(api.settings.parts_dir) / jid).iterdir()) == []
