@@ -313,9 +313,13 @@ class Farm:
         return subprocess.run([PY, "-m", "farm", *args], env=self.env(), capture_output=True, text=True,
                               timeout=timeout * SLOW, check=False)
 
-    def submit(self, frames: int = 120, *, verify: bool = False, nodes=None, fps: int = 30, out: str = "job.mp4",
+    def submit(self, frames: int = 120, *, verify: bool = False, nodes=None, fps: int = 30, out: str | None = None,
                **extra) -> str:
-        """A testsrc job (extra: more of the spec), detached; its id."""
+        """A testsrc job (extra: more of the spec), detached; its id. Each job its own output, by default
+        (the farm refuses a second live job writing the same one)."""
+        if out is None:
+            self.submitted = getattr(self, "submitted", 0) + 1
+            out = "job.mp4" if self.submitted == 1 else "job-%d.mp4" % self.submitted
         spec = self.root / "spec.json"
         spec.write_text(json.dumps({"renderer": "testsrc", "width": 320, "height": 180, "fps": fps,
                                     "frames": frames, **extra}))

@@ -107,7 +107,7 @@ def test_a_report_is_applied_only_from_the_node_it_names(make_farm):
                                              serializer="json", **props)
 
     forged = {"event": "started", "ts": time.time(), "job": job_id, "index": attempt["idx"],
-              "attempt": attempt["id"], "first": 0, "last": 9}
+              "attempt": attempt["id"], "first": 0, "last": 9, "key": attempt["key"]}
     # node a's user, claiming node b; no user_id at all; the coordinator's own user, claiming a node
     publish(farm.node_url(a), {**forged, "node": b}, user_id=s.node_user(a))
     publish(farm.node_url(a), {**forged, "node": b})

@@ -142,7 +142,10 @@ def test_a_coordinator_waiting_for_its_broker_stops_on_sigterm(tmp_path):
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          env={"PYTHONPATH": str(APP / "src"), "PATH": "/usr/bin:/bin"})
     try:
-        time.sleep(3)                    # in its reconnect loop by now
+        # its first word comes from run(), after its SIGTERM handler is in place (on a busy machine the
+        # imports alone can take longer than any fixed sleep)
+        assert "no smem configured" in p.stdout.readline()
+        time.sleep(1)                    # in its reconnect loop by now
         assert p.poll() is None
         p.send_signal(signal.SIGTERM)
         assert p.wait(15) == 0

@@ -102,17 +102,18 @@ def ffmpeg(args: list, what: str = "ffmpeg") -> None:
 def _testsrc(spec: dict, first: int, last: int, video: Path, audio: Path, *, cwd: Path, progress: Path) -> None:
     """As strict as Remotion where the farm's watchdog looks: the parts are written in a private
     temporary directory and appear in the work directory only at the chunk's end, and progress is
-    frames (ffmpeg's -progress). `realtime: true` in the spec renders at the job's fps (ffmpeg -re),
+    frames (ffmpeg's -progress). `realtime: true` in the spec renders at the job's fps (ffmpeg's realtime filter),
     so a chunk takes its own length in seconds: a long render with no output until its end."""
     fps, sr = spec["fps"], spec.get("sample_rate", SAMPLE_RATE)
     n0, n1 = sample_at(first, fps, sr), sample_at(last + 1, fps, sr)
     # testsrc2 draws the frame number and time itself: trimming keeps them absolute.
     vf = f"trim=start_frame={first}:end_frame={last + 1},setpts=PTS-STARTPTS"
+    if spec.get("realtime"):       # after the trim: the frames before `first` are skipped at full speed
+        vf += ",realtime"
     private = Path(tempfile.mkdtemp(prefix=f".{video.stem.lstrip('.')}.", suffix=".render", dir=video.parent))
     try:
         ffmpeg([
             "-progress", progress, "-stats_period", "0.5",
-            *(["-re"] if spec.get("realtime") else []),
             "-f", "lavfi", "-i", f"testsrc2=size={spec['width']}x{spec['height']}:rate={as_fraction(fps)}",
             "-f", "lavfi", "-i", f"aevalsrc=exprs='{chirp_expr(n0, sr)}':s={sr}",
             "-map", "0:v", "-vf", vf, "-frames:v", last + 1 - first,

@@ -191,7 +191,7 @@ class RenderTask(app.Task):
         broker connection was lost (worker_cancel_long_running_tasks_on_connection_loss): the node tells
         the coordinator, so that the broker's re-delivery is not charged to it (README "Whose fault")."""
         if einfo is None and kwargs and "cancelled by Celery" in str(exc) and not was_frozen():
-            ids = {"job": kwargs.get("job"), "index": kwargs.get("index"), "attempt": task_id}
+            ids = {"job": kwargs.get("job"), "index": kwargs.get("index"), "attempt": task_id, "key": kwargs.get("key")}
             threading.Thread(target=_report_interrupted, args=(ids,), daemon=True).start()
 
 
