@@ -368,8 +368,8 @@ class Coordinator:
         with self.db.tx() as c:
             c.execute("UPDATE jobs SET join_failures=?, join_after=? WHERE id=?", (failures, time.time() + wait, jid))
             if failures < self.s.join_attempts:
-                self.db.event(jid, "join attempt %d of %d failed: %s; again in %.0f s"
-                              % (failures, self.s.join_attempts, why, wait), c)
+                self.db.event(jid, "join attempt %d of %d failed: %s; again in %g s"
+                              % (failures, self.s.join_attempts, why, round(wait, 1)), c)
         if failures >= self.s.join_attempts:
             self.sm.finish(job, "failed", "join failed (%d attempts): %s; its parts are kept (keep_failed_parts_h"
                            " %g): `farm join %s` joins them again, `farm gc --job %s` removes them"
