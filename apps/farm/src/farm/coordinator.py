@@ -78,7 +78,7 @@ class Coordinator:
         if self.no_leases_note:
             log.warning(self.no_leases_note)
         self.recover()
-        conn = self.app.connection_for_read()
+        conn = self.app.connection_for_read(heartbeat=self.s.broker_heartbeat)   # a silent broker is a lost one
         last_tick = 0.0
 
         def stop_waiting():          # kombu calls it while it waits for the broker: a stop ends the wait
