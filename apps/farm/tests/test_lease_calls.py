@@ -124,7 +124,7 @@ def test_a_renewal_smem_does_not_answer_in_time_loses_the_lease_and_its_late_ans
 def test_the_coordinator_keeps_its_broker_while_smem_holds_a_take(make_farm, smem_at, tmp_path):
     """smem holds the take 25 s; the farm gives up waiting after 18 s, longer than the broker lets a
     silent peer live (two heartbeats of 6 s): a loop that waited would lose its connection."""
-    smem = smem_at(hold=[25])
+    smem = smem_at(hold=[25], patch=True)            # renewals by PATCH: the takes are the job's two
     (tmp_path / "smem-token").write_text(LeaseStandIn.TOKEN + "\n")
     farm = make_farm(smem_url=smem.url, smem_token_file=str(tmp_path / "smem-token"), lease_take_timeout_s=18.0)
     farm.start_workers(FARM_TEST_MIN_CHUNK_S="0.3")

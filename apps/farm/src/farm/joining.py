@@ -78,6 +78,7 @@ class Joins:
         self.waiting: list[str] = []
         self.limit: dict[str, float] = {}       # job id -> its join's timeout, seconds
         self.started: dict[str, float] = {}     # job id -> when its process started (monotonic)
+        self.killed: set[str] = set()           # past their timeout: killed, reaped at a next poll
 
     def want(self, job: dict, chunks: list[dict]) -> None:
         jid = job["id"]
@@ -93,16 +94,17 @@ class Joins:
     def poll(self) -> list[tuple[str, dict | str]]:
         ended = []
         for jid, p in list(self.running.items()):
-            late = p.poll() is None and time.monotonic() - self.started[jid] > self.limit[jid]
-            if late:     # a hung join: its whole group (ffmpeg too) killed at once, no grace to wait out here
+            if p.poll() is None and jid not in self.killed and time.monotonic() - self.started[jid] > self.limit[jid]:
+                # a hung join: its whole group (ffmpeg too) killed at once; no grace, no wait on the loop
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(p.pid, signal.SIGKILL)
-                p.wait(10)
+                self.killed.add(jid)
             if p.poll() is None:
                 continue
             del self.running[jid]
             result = self.dir / (jid + ".result.json")
-            if late:
+            if jid in self.killed:
+                self.killed.discard(jid)
                 ended.append((jid, "it ran past its timeout (%.0f s: join_timeout_floor_s + join_timeout_factor x"
                                    " frames / fps); its processes were killed" % self.limit[jid]))
             else:
@@ -127,6 +129,7 @@ class Joins:
         if jid in self.waiting:
             self.waiting.remove(jid)
         p = self.running.pop(jid, None)
+        self.killed.discard(jid)
         if p is not None:
             proc.kill_group(p, grace=30)
             p.wait(10)

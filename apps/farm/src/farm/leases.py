@@ -117,7 +117,8 @@ class LeaseKeeper:
 
     def waiting(self, jid: str) -> bool:
         """The job's next take waits for nothing but the loop: a call of its own, or a sweep it waits for."""
-        return self.busy(jid) or self.sweep_wanted or SWEEP in self.calls or ORPHANS in self.calls
+        return self.client is not None and (self.busy(jid) or self.sweep_wanted or SWEEP in self.calls
+                                            or ORPHANS in self.calls)
 
     # -- a job's lease -------------------------------------------------------------------------
     def take(self, jid: str, nodes: list[str]) -> dict | None:
