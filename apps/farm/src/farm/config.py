@@ -112,8 +112,7 @@ class Settings:
             raise ValueError("stall_after_s must be longer than two progress_interval_s")
         if self.silent_after_s <= 2 * self.progress_interval_s:
             raise ValueError("silent_after_s must be longer than two progress_interval_s")
-        if self.join_attempts < 1 or self.join_timeout_factor <= 0 or self.join_timeout_floor_s <= 0:
-            raise ValueError("join_attempts must be >= 1, join_timeout_factor and join_timeout_floor_s > 0")
+        self._check_joins()
         if self.bundle_cache_keep < 1:
             raise ValueError("bundle_cache_keep must be >= 1")
         if self.chunk_target_s <= 0 or self.chunk_limit_factor < 1 or self.chunk_limit_floor_s < 0:
@@ -130,6 +129,10 @@ class Settings:
                              " it back mid-render" % (self.chunk_target_s, longest, self.broker_consumer_timeout_s))
         # Node 2 keeps smem's interactive lane whole: a config may add to the list, never drop it.
         self.never_lend = sorted(set(self.never_lend) | {NEVER_LENT})
+
+    def _check_joins(self) -> None:
+        if self.join_attempts < 1 or self.join_timeout_factor <= 0 or self.join_timeout_floor_s <= 0:
+            raise ValueError("join_attempts must be >= 1, join_timeout_factor and join_timeout_floor_s > 0")
 
     @property
     def lendable(self) -> list[str]:
