@@ -6,6 +6,7 @@ Waits are bounded by generous deadlines and poll the state; nothing assumes a sp
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import hashlib
@@ -437,12 +438,14 @@ def frame_hashes(path: Path) -> list[str]:
 class LeaseStandIn:
     """POST/GET /v5/admin/leases, DELETE /v5/admin/leases/{id}, as smem answers them (201, 409, 404,
     403 without the admin token), on 127.0.0.1. `calls` records every request. patch=True adds the
-    renew route (PATCH {ttlSeconds}) that smem has; without it, the 405 of an smem from before it."""
+    renew route (PATCH {ttlSeconds}) that smem has; without it, the 405 of an smem from before it.
+    hold: seconds to hold the answer of each of the first POSTs, the lease recorded first (as smem does
+    while it drains the nodes' calls in flight)."""
 
     TOKEN = "admin-test-token"
 
-    def __init__(self, nodes: list[str] | None = None, *, patch: bool = False):
-        self.nodes, self.leases, self.calls, self.n = nodes, {}, [], 0
+    def __init__(self, nodes: list[str] | None = None, *, patch: bool = False, hold: list[float] = ()):
+        self.nodes, self.leases, self.calls, self.n, self.hold = nodes, {}, [], 0, list(hold)
         lock = threading.Lock()
 
         def live():
@@ -467,6 +470,9 @@ class LeaseStandIn:
                 lease = {"id": "lse_%d" % self.n, "nodes": sorted(body["nodes"]), "holder": body["holder"],
                          "until": until, "expiresAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(until))}
                 self.leases[lease["id"]] = lease
+                held = self.hold.pop(0) if self.hold else 0
+            if held:
+                await asyncio.sleep(held)
             return JSONResponse({**self._public(lease), "drained": True}, status_code=201)
 
         async def renew(request):

@@ -67,6 +67,11 @@ tasks.app.send_task = send_task
 Coordinator.fault = fault
 BrokerControl.cancel_consumers = cancel_consumers
 StateMachine.apply = apply
-if os.environ.get("FARM_TEST_SLOW_JOIN"):
-    Joins.argv = [sys.executable, str(Path(__file__).resolve().parent / "join_main.py")]
+if os.environ.get("FARM_TEST_SLOW_JOIN"):     # the coordinator's joins run through tests/join_main.py
+    real_init = Coordinator.__init__
+
+    def init(self, settings, **kw):
+        join_argv = [sys.executable, str(Path(__file__).resolve().parent / "join_main.py")]
+        real_init(self, settings, joins=Joins(settings, argv=join_argv), **kw)
+    Coordinator.__init__ = init
 sys.exit(cli.main(["coordinator", *sys.argv[1:]]))

@@ -191,11 +191,25 @@ def cmd_broker_permissions(a, s: Settings) -> int:
 def cmd_gc(a, s: Settings) -> int:
     from farm import gc  # noqa: PLC0415
 
-    done = gc.collect(s, dry_run=a.dry_run)
+    try:
+        done = gc.collect_job(s, a.job, dry_run=a.dry_run) if a.job else gc.collect(s, dry_run=a.dry_run)
+    except ValueError as e:
+        print("farm gc: %s" % e, file=sys.stderr)
+        return 2
     verb = ("would remove", "would free") if a.dry_run else ("removed", "freed")
     for r in done["removed"]:
         print("%s %s (%d bytes): %s" % (verb[0], r["path"], r["bytes"], r["why"]))
     print("%s %d paths, %.1f MiB" % (verb[1], len(done["removed"]), done["bytes"] / 2**20))
+    return 0
+
+
+def cmd_join_job(a, s: Settings) -> int:
+    """A failed job whose parts are kept goes back to joining; the coordinator joins it."""
+    why = DB(s.db_path).request_join(a.job, s.parts_dir)
+    if why:
+        print("farm join: %s" % why, file=sys.stderr)
+        return 2
+    print("job %s is joining again; `farm status %s` follows it" % (a.job, a.job))
     return 0
 
 
@@ -206,7 +220,8 @@ def cmd_api(a, s: Settings) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["join"]:       # the media half's own parser: farm join --video ... --audio ... --out OUT
+    if argv[:1] == ["join"] and (len(argv) == 1 or argv[1].startswith("-")):
+        # the media half's own parser: farm join --video ... --audio ... --out OUT (farm join JOB: below)
         return join.main(argv[1:]) or 0
     p = argparse.ArgumentParser(prog="farm", description="the Remotion render farm")
     p.add_argument("--config", help="TOML settings (default $FARM_CONFIG, else the built-in defaults)")
@@ -237,9 +252,12 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("api", help="the HTTP API (host; on api_listen, never every address unless allow_public_listen)")
     x = sub.add_parser("gc", help="prune what ended jobs left (parts, verify files, bundles, temporaries)")
     x.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
-    sub.add_parser("join", help="join parts: farm join --video P1 P2 ... --audio A1 A2 ... --out OUT")
+    x.add_argument("--job", help="only this ended job's parts and verify files, now, whatever their age")
+    x = sub.add_parser("join", help="join a failed job's kept parts again: farm join JOB (or join parts:"
+                       " farm join --video P1 P2 ... --audio A1 A2 ... --out OUT)")
+    x.add_argument("job")
     a = p.parse_args(argv)
     s = load(a.config)
     return {"submit": cmd_submit, "status": cmd_status, "cancel": cmd_cancel, "worker": cmd_worker,
-            "coordinator": cmd_coordinator, "api": cmd_api, "gc": cmd_gc,
+            "coordinator": cmd_coordinator, "api": cmd_api, "gc": cmd_gc, "join": cmd_join_job,
             "broker-permissions": cmd_broker_permissions}[a.cmd](a, s)

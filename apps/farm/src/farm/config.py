@@ -55,6 +55,11 @@ class Settings:
     lease_ttl_s: float = 120.0
     lease_renew_s: float = 30.0
     lease_retry_s: float = 10.0           # a job whose nodes are leased elsewhere (409) asks again after this
+    lease_call_timeout_s: float = 10.0    # smem's renew, release and list answer at once: this long at most
+    lease_take_timeout_s: float = 150.0   # smem answers a take once the nodes' calls in flight are done (up to a
+                                          # lane's timeout_s, 120 s): the coordinator's loop never waits for it
+    lease_sweep_s: float = 60.0           # smem's leases for a farm job that farm.db does not hold are released
+                                          # this often (and after a take that timed out, and at start)
     smem_url: str | None = None           # absent: no leases (the farm uses its group's nodes and says so)
     smem_token_file: str | None = None    # smem's admin token
     farm_nodes: list = field(default_factory=lambda: list(FARM_NODES))
@@ -78,12 +83,18 @@ class Settings:
     stall_after_s: float = 120.0          # a render whose parts grow by no byte this long is hung: given up, revoked
     silent_after_s: float = 90.0          # an attempt silent this long is given up: revoked, the next one published
     join_workers: int = 2                 # joins (and their verify) at once, each a process of its own
+    join_attempts: int = 3                # a join that fails (or runs past its timeout) is run again, this many in all
+    join_backoff_s: float = 30.0          # before the second attempt; doubled before each next one
+    join_timeout_factor: float = 1.0      # a join is killed (a failed attempt) after floor + factor x the job's
+    join_timeout_floor_s: float = 600.0   #   length in seconds (frames / fps)
     poll_interval_s: float = 0.5
     report_retry_s: float = 1.0           # a report that could not be applied goes back to the queue after this
     report_tries: int = 30                # and is dropped (logged) after this many failed applies
     reconcile_interval_s: float = 10.0    # add_consumer is re-sent this often (a restarted worker missed it)
     control_timeout_s: float = 2.0        # replies to add_consumer / cancel_consumer / ping
     keep_parts_h: float = 48.0            # `farm gc`: a job's parts and verify files, this long after its end
+    keep_failed_parts_h: float = 720.0    #   a failed job's (`farm join JOB` may join them again): 30 days, or
+                                          #   until `farm gc --job JOB`
     keep_bundles_h: float = 168.0         # a bundle no job used this long
     temp_max_age_h: float = 6.0           # temporaries (half-written parts, a killed join's), this old
     max_part_bytes: int = 4 * 2**30       # an upload larger than this is refused (413)
@@ -108,6 +119,7 @@ class Settings:
             raise ValueError("stall_after_s must be longer than two progress_interval_s")
         if self.silent_after_s <= 2 * self.progress_interval_s:
             raise ValueError("silent_after_s must be longer than two progress_interval_s")
+        self._check_joins()
         if self.bundle_cache_keep < 1:
             raise ValueError("bundle_cache_keep must be >= 1")
         if self.chunk_target_s <= 0 or self.chunk_limit_factor < 1 or self.chunk_limit_floor_s < 0:
@@ -130,6 +142,10 @@ class Settings:
                              " the broker's consumer_timeout (broker_consumer_timeout_s %g s): the broker would"
                              " take it back mid-render" % (longest, self.chunk_limit_cap_s,
                                                            self.broker_consumer_timeout_s))
+
+    def _check_joins(self) -> None:
+        if self.join_attempts < 1 or self.join_timeout_factor <= 0 or self.join_timeout_floor_s <= 0:
+            raise ValueError("join_attempts must be >= 1, join_timeout_factor and join_timeout_floor_s > 0")
 
     @property
     def lendable(self) -> list[str]:

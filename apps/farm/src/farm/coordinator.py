@@ -50,7 +50,7 @@ class Stopped(Exception):
 
 
 class Coordinator:
-    def __init__(self, settings: Settings, *, leases: LeaseClient | None = None):
+    def __init__(self, settings: Settings, *, leases: LeaseClient | None = None, joins: Joins | None = None):
         self.s = settings
         self.db = DB(settings.db_path)
         self._lock = open(str(settings.db_path) + ".lock", "w")
@@ -60,13 +60,14 @@ class Coordinator:
             raise SystemExit("another coordinator holds %s" % settings.db_path) from None
         self.app = tasks.configure(settings)
         token = settings.smem_token()
-        client = leases or (LeaseClient(settings.smem_url, token) if token else None)
+        client = leases or (LeaseClient(settings.smem_url, token, timeout=settings.lease_call_timeout_s,
+                                        take_timeout=settings.lease_take_timeout_s) if token else None)
         self.no_leases_note = None if client else (
             "no smem configured (smem_url / smem_token_file): using the farm's nodes without leases")
         self.sm = StateMachine(settings, self.db)
         self.broker = BrokerControl(settings, self.app)
         self.leases = LeaseKeeper(settings, self.db, client)
-        self.joiner = Joins(settings)
+        self.joiner = joins or Joins(settings)
         self.due: dict[tuple[str, str], float] = {}   # (what, job) -> when
         self.up_since = time.time()
         self.reports_q = Queue(settings.reports_queue, tasks.reports_exchange(settings),
@@ -85,7 +86,7 @@ class Coordinator:
         if self.no_leases_note:
             log.warning(self.no_leases_note)
         self.recover()
-        conn = self.app.connection_for_read()
+        conn = self.app.connection_for_read(heartbeat=self.s.broker_heartbeat)   # a silent broker is a lost one
         last_tick = 0.0
 
         def stop_waiting():          # kombu calls it while it waits for the broker: a stop ends the wait
@@ -153,6 +154,7 @@ class Coordinator:
             self.sm.alive(now)
         self.apply_outbox()
         self.sm.settle(now)
+        self.leases.sweep()
         for jid, outcome in self.joiner.poll():
             job = self.db.job(jid)
             if job and job["state"] == "joining":
@@ -168,25 +170,31 @@ class Coordinator:
     def _tick_job(self, job: dict, now: float) -> None:
         jid, state = job["id"], job["state"]
         if state not in LIVE and not job["nodes_released"]:   # not given back yet (smem was down, say)
-            if self._due("release", jid, self.s.lease_retry_s):
+            if self.leases.busy(jid, "release") or self._due("release", jid, self.s.lease_retry_s):
                 self.release_nodes(job)
         if state in FINAL:
             return
         if job["cancel_requested"] and state in LIVE:
             return self.end(job, "cancelled", "cancelled")
         if state == "joining":
-            if job["cancel_requested"]:
-                self.joiner.cancel(jid)
-                return self.sm.finish(job, "cancelled", "cancelled while joining", None)
-            chunks = self.db.rows("SELECT idx, video, audio FROM chunks WHERE job_id=? ORDER BY idx", (jid,))
-            return self.joiner.want(job, chunks)
+            return self._tick_joining(job)
         if state == "submitted":
             if self._join_if_rendered(job):   # its last chunks ended after the lease was lost: none needed
                 return
-            if self._due("begin", jid, self.s.lease_retry_s):
+            if self.leases.waiting(jid) or self._due("begin", jid, self.s.lease_retry_s):
                 self.begin(job)
             return
         self._tick_running(job, now)
+
+    def _tick_joining(self, job: dict) -> None:
+        jid = job["id"]
+        if job["cancel_requested"]:
+            self.joiner.cancel(jid)
+            return self.sm.finish(job, "cancelled", "cancelled while joining", None)
+        if (job.get("join_after") or 0) > time.time():      # a failed join's backoff
+            return None
+        chunks = self.db.rows("SELECT idx, video, audio FROM chunks WHERE job_id=? ORDER BY idx", (jid,))
+        return self.joiner.want(job, chunks)
 
     def _join_if_rendered(self, job: dict) -> bool:
         """Every chunk done: the job joins, its nodes given back first."""
@@ -213,7 +221,8 @@ class Coordinator:
         self.apply_outbox()
         if self.db.job(jid)["state"] not in LIVE:   # a give-up hit the cap: ended
             return
-        if self._due("renew", jid, self.s.lease_renew_s):   # at once after a restart, then every renew_s
+        if self.leases.busy(jid, "renew") or self._due("renew", jid, self.s.lease_renew_s):   # at once after a
+            # restart, then every renew_s; its answer collected at the ticks after
             lost = self.leases.renew(jid)
             if lost:
                 self.sm.lease_lost(job, *lost)
@@ -242,8 +251,7 @@ class Coordinator:
             else:
                 self.db.event(job["id"], "coordinator start: giving back the nodes of a job no longer live")
                 self.release_nodes(job)
-        if self.leases.client:
-            self.leases.release_orphans(LIVE)
+        self.leases.sweep_wanted = True   # smem's leases for farm jobs that farm.db does not hold: released
         for row in self.db.rows("SELECT id FROM jobs WHERE state='running'"):
             job = self.db.job(row["id"])
             self.db.event(job["id"], "coordinator start: resuming")
@@ -254,7 +262,8 @@ class Coordinator:
         jid, nodes = job["id"], [n for n in job["nodes"] if n not in self.s.never_lend]
         if self.leases.client:
             try:
-                self.leases.take(jid, nodes)
+                if self.leases.take(jid, nodes) is None:
+                    return           # under way (smem drains the nodes' calls first): a next tick collects it
             except LeaseConflict as e:
                 return self.db.event(jid, "waiting for nodes: %s" % e)
             except (LeaseError, httpx.HTTPError) as e:
@@ -343,23 +352,25 @@ class Coordinator:
         """Consumers cancelled, the job's queue deleted and its renders stopped, then (only then) its
         lease given back: smem must not lend nodes that may still take or render our chunks."""
         jid = job["id"]
-        # every node of the job, not only those recorded: one that missed a cancel gets it again
-        nodes = sorted({r["node"] for r in self.db.rows("SELECT node FROM consumers WHERE job_id=?", (jid,))}
-                       | set(job["nodes"]) - set(self.s.never_lend))
+        if not self.leases.busy(jid, "release"):   # under way: the broker's side was done before it began
+            # every node of the job, not only those recorded: one that missed a cancel gets it again
+            nodes = sorted({r["node"] for r in self.db.rows("SELECT node FROM consumers WHERE job_id=?", (jid,))}
+                           | set(job["nodes"]) - set(self.s.never_lend))
+            try:
+                self.cancel_consumers(jid, nodes)
+                self.broker.delete_queue(jid)
+                ours = {r["id"] for r in self.db.rows("SELECT id FROM attempts WHERE job_id=?", (jid,))}
+                left = self.broker.still_running(ours, nodes)
+            except Exception as e:
+                return self.db.event(jid, "consumers or queue not cleaned up yet (%s: %s); the lease is kept; trying"
+                                     " again" % (type(e).__name__, e))
+            if left:
+                return self.db.event(jid, "%d of its renders still running (%s); the lease is kept until they stop"
+                                     % (len(left), ", ".join(left)))
+            self.fault("release:consumers")
         try:
-            self.cancel_consumers(jid, nodes)
-            self.broker.delete_queue(jid)
-            ours = {r["id"] for r in self.db.rows("SELECT id FROM attempts WHERE job_id=?", (jid,))}
-            left = self.broker.still_running(ours, nodes)
-        except Exception as e:
-            return self.db.event(jid, "consumers or queue not cleaned up yet (%s: %s); the lease is kept; trying"
-                                 " again" % (type(e).__name__, e))
-        if left:
-            return self.db.event(jid, "%d of its renders still running (%s); the lease is kept until they stop"
-                                 % (len(left), ", ".join(left)))
-        self.fault("release:consumers")
-        try:
-            self.leases.release_all(jid)
+            if not self.leases.release_all(jid):
+                return              # under way, off the loop: a next tick collects it
         except (LeaseError, httpx.HTTPError) as e:
             return self.db.event(jid, "lease not released yet (smem: %s); trying again" % e)
         self.db.c.execute("UPDATE jobs SET nodes_released=1 WHERE id=?", (jid,))
@@ -373,11 +384,25 @@ class Coordinator:
     # -- the end: join and verify (farm.joining: child processes; the loop goes on meanwhile) -------------
     def _joined(self, job: dict, outcome) -> None:
         if isinstance(outcome, str) or "error" in outcome:
-            why = outcome if isinstance(outcome, str) else outcome["error"]
-            log.error("join of %s: %s", job["id"], why)
-            return self.sm.finish(job, "failed", "join failed: %s" % why, None)
+            return self._join_failed(job, outcome if isinstance(outcome, str) else outcome["error"])
         v = outcome["verify"]
         if v.get("ok"):
             self.sm.finish(job, "done", verified_text(v), outcome)
         else:
             self.sm.finish(job, "failed", "verification failed: " + "; ".join(v.get("reasons") or ["not ok"]), outcome)
+
+    def _join_failed(self, job: dict, why: str) -> None:
+        """Run again after a backoff, join_attempts in all; then the job fails, its parts kept (README
+        "Long joins")."""
+        jid, failures = job["id"], (job.get("join_failures") or 0) + 1
+        log.error("join of %s (attempt %d of %d): %s", jid, failures, self.s.join_attempts, why)
+        wait = self.s.join_backoff_s * 2 ** (failures - 1)
+        with self.db.tx() as c:
+            c.execute("UPDATE jobs SET join_failures=?, join_after=? WHERE id=?", (failures, time.time() + wait, jid))
+            if failures < self.s.join_attempts:
+                self.db.event(jid, "join attempt %d of %d failed: %s; again in %g s"
+                              % (failures, self.s.join_attempts, why, round(wait, 1)), c)
+        if failures >= self.s.join_attempts:
+            self.sm.finish(job, "failed", "join failed (%d attempts): %s; its parts are kept (keep_failed_parts_h"
+                           " %g): `farm join %s` joins them again, `farm gc --job %s` removes them"
+                           % (failures, why, self.s.keep_failed_parts_h, jid, jid), None)

@@ -64,7 +64,9 @@ ADDED = [("jobs", "timings", "TEXT"), ("chunks", "timings", "TEXT"), ("attempts"
          ("attempts", "heard_at", "REAL"), ("attempts", "charged", "INTEGER"), ("attempts", "lost_at", "REAL"),
          ("attempts", "phase", "TEXT"), ("attempts", "written", "INTEGER"), ("attempts", "grew_at", "REAL"),
          ("attempts", "frames_done", "INTEGER"), ("attempts", "timed_out", "INTEGER"), ("jobs", "paused", "TEXT"),
-         ("attempts", "key", "TEXT")]
+         ("attempts", "key", "TEXT"), ("jobs", "join_failures", "INTEGER"), ("jobs", "join_after", "REAL")]
+# jobs.join_failures: the join attempts that failed since the job began joining (or since `farm join JOB`);
+# join_after (time.time()) the next attempt's earliest start (README "Long joins")
 # attempts.key: a secret that goes out in the attempt's message alone: only the node that took it can report
 # on it or upload its parts (README "Reports belong to an attempt")
 # jobs.paused: why the job publishes no chunk now (the host's disk is full); cleared when space is back
@@ -149,6 +151,31 @@ class DB:
             if n:
                 self.event(job_id, "cancel requested", c)
         return bool(n)
+
+    def request_join(self, job_id: str, parts_dir: str | Path) -> str | None:
+        """A failed job whose parts are all kept goes back to joining (the coordinator joins it, with its
+        join_attempts again); else why not."""
+        job = self.job(job_id)
+        if job is None:
+            return "no job %s" % job_id
+        if job["state"] != "failed":
+            return "job %s is %s: only a failed job is joined again" % (job_id, job["state"])
+        chunks = self.rows("SELECT idx, state, video, audio FROM chunks WHERE job_id=? ORDER BY idx", (job_id,))
+        unrendered = [c["idx"] for c in chunks if c["state"] != "done" or not c["video"] or not c["audio"]]
+        if unrendered:
+            return "job %s failed before all its chunks were rendered (not rendered: %s): submit it again" % (
+                job_id, ", ".join(map(str, unrendered[:10])) + (" ..." if len(unrendered) > 10 else ""))
+        missing = [str(Path(parts_dir) / c[k]) for c in chunks for k in ("video", "audio")
+                   if not (Path(parts_dir) / c[k]).is_file()]
+        if missing:
+            return "job %s: %d of its parts are gone (%s%s), pruned by farm gc: submit it again" % (
+                job_id, len(missing), missing[0], " ..." if len(missing) > 1 else "")
+        with self.tx() as c:
+            n = c.execute("UPDATE jobs SET state='joining', reason=NULL, finished_at=NULL, join_failures=0,"
+                          " join_after=NULL, cancel_requested=0 WHERE id=? AND state='failed'", (job_id,)).rowcount
+            if n:
+                self.event(job_id, "joining again (farm join)", c)
+        return None if n else "job %s changed meanwhile: try again" % job_id
 
     def view(self, job_id: str, stale_after_s: float = 30.0) -> dict | None:
         """Everything `farm status` shows."""

@@ -1,15 +1,17 @@
 """Retention on the host (`farm gc`, and the role's hourly farm-gc.timer): what a job leaves behind is
 pruned by age, and by a free-space floor. Outputs are the owner's and never touched.
 
-- parts_dir/<job>/ and work_dir/verify/<job>/ of a job that ended (done, failed, cancelled) more than
-  keep_parts_h ago; of a job the database does not know, once older than temp_max_age_h;
+- parts_dir/<job>/ and work_dir/verify/<job>/ of a job that ended done or cancelled more than
+  keep_parts_h ago, failed more than keep_failed_parts_h ago (`farm join JOB` may join its parts
+  again until then; `farm gc --job JOB` removes them now); of a job the database does not know, once
+  older than temp_max_age_h;
 - bundles (work_dir/bundles/<hash>, and their tars) that no live job uses and no job used for
   keep_bundles_h;
 - temporaries older than temp_max_age_h: a render's or an upload's half-written part (`.part-*`), a
   killed join's temporary directory with its whole-job WAV (`.<out>.*` beside the output), a staged
   bundle (`.new-*`);
 - then, while parts_dir or output_dir has less than min_free_gib free: the parts of the jobs that
-  ended, oldest first, whatever their age.
+  ended, oldest first, whatever their age; a failed job's only once no done or cancelled job's are left.
 """
 
 from __future__ import annotations
@@ -63,14 +65,15 @@ class Pruner:
         db = DB(s.db_path)
         jobs = {j["id"]: j for j in db.rows("SELECT id, state, spec, finished_at, created_at FROM jobs")}
         ended = {jid: j for jid, j in jobs.items() if j["state"] in FINAL}
-        keep_parts = s.keep_parts_h * HOUR
         for root in (Path(s.parts_dir), Path(s.work_dir) / "verify"):
             for d in sorted(root.glob("*")) if root.is_dir() else []:
                 j = jobs.get(d.name)
                 if j is None and d.is_dir() and _age(d, now) > s.temp_max_age_h * HOUR:
                     self.remove(d, "no such job")
-                elif d.name in ended and now - (ended[d.name]["finished_at"] or 0) > keep_parts:
-                    self.remove(d, "job %s %s more than keep_parts_h (%g) ago" % (d.name, j["state"], s.keep_parts_h))
+                elif d.name in ended:
+                    knob = "keep_failed_parts_h" if j["state"] == "failed" else "keep_parts_h"
+                    if now - (j["finished_at"] or 0) > getattr(s, knob) * HOUR:
+                        self.remove(d, "job %s %s more than %s (%g) ago" % (d.name, j["state"], knob, getattr(s, knob)))
         self._bundles(jobs)
         self._temporaries()
         self._floor(ended)
@@ -105,7 +108,7 @@ class Pruner:
 
     def _floor(self, ended: dict) -> None:
         s = self.s
-        oldest_first = sorted(ended.values(), key=lambda j: j["finished_at"] or 0)
+        oldest_first = sorted(ended.values(), key=lambda j: (j["state"] == "failed", j["finished_at"] or 0))
         for j in oldest_first:
             low = [w for w in (s.parts_dir, s.output_dir) if self.free_gib(w) < s.min_free_gib]
             if not low or self.dry_run:
@@ -116,3 +119,17 @@ class Pruner:
 
 def collect(s: Settings, *, dry_run: bool = False) -> dict:
     return Pruner(s, dry_run=dry_run).run()
+
+
+def collect_job(s: Settings, jid: str, *, dry_run: bool = False) -> dict:
+    """The parts and verify files of one job that ended, now, whatever their age (the owner's say);
+    ValueError for a job that is not known or has not ended."""
+    job = DB(s.db_path).one("SELECT state FROM jobs WHERE id=?", (jid,))
+    if job is None:
+        raise ValueError("no job %s" % jid)
+    if job["state"] not in FINAL:
+        raise ValueError("job %s is %s: its parts are in use" % (jid, job["state"]))
+    p = Pruner(s, dry_run=dry_run)
+    for root in (Path(s.parts_dir), Path(s.work_dir) / "verify"):
+        p.remove(root / jid, "farm gc --job %s (%s)" % (jid, job["state"]))
+    return {"removed": p.removed, "bytes": sum(r["bytes"] for r in p.removed), "dryRun": dry_run}

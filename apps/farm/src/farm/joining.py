@@ -59,17 +59,26 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)     # PR_SET_PDEATHSIG
 
 
+def timeout_s(s: Settings, job: dict) -> float:
+    """How long a job's join (and its verify) may run: a floor, plus a factor of the job's length."""
+    return s.join_timeout_floor_s + s.join_timeout_factor * job["frames"] / job["fps"]
+
+
 class Joins:
     """The joins under way and waiting. want() asks for one (again: nothing), poll() starts what the
-    pool has room for and hands back what ended: [(job id, result dict, or an error text)]."""
+    pool has room for, kills what ran past its timeout, and hands back what ended: [(job id, result
+    dict, or an error text)]. argv: the join's command, to which the request and result paths are
+    added (the tests pass their own)."""
 
-    argv = [sys.executable, "-m", "farm.joining"]   # the tests' wrapper replaces it
-
-    def __init__(self, s: Settings):
+    def __init__(self, s: Settings, *, argv: list[str] | None = None):
         self.s = s
+        self.argv = argv or [sys.executable, "-m", "farm.joining"]
         self.dir = Path(s.work_dir) / "joins"
         self.running: dict[str, subprocess.Popen] = {}
         self.waiting: list[str] = []
+        self.limit: dict[str, float] = {}       # job id -> its join's timeout, seconds
+        self.started: dict[str, float] = {}     # job id -> when its process started (monotonic)
+        self.killed: set[str] = set()           # past their timeout: killed, reaped at a next poll
 
     def want(self, job: dict, chunks: list[dict]) -> None:
         jid = job["id"]
@@ -79,19 +88,30 @@ class Joins:
         request = {"settings": dataclasses.asdict(self.s), "job": job, "chunks": chunks, "parent": os.getpid()}
         (self.dir / (jid + ".request.json")).write_text(json.dumps(request, default=str))
         (self.dir / (jid + ".result.json")).unlink(missing_ok=True)
+        self.limit[jid] = timeout_s(self.s, job)
         self.waiting.append(jid)
 
     def poll(self) -> list[tuple[str, dict | str]]:
         ended = []
         for jid, p in list(self.running.items()):
+            if p.poll() is None and jid not in self.killed and time.monotonic() - self.started[jid] > self.limit[jid]:
+                # a hung join: its whole group (ffmpeg too) killed at once; no grace, no wait on the loop
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                self.killed.add(jid)
             if p.poll() is None:
                 continue
             del self.running[jid]
             result = self.dir / (jid + ".result.json")
-            try:
-                ended.append((jid, json.loads(result.read_text())))
-            except (OSError, ValueError):
-                ended.append((jid, "the join's process ended (exit %s) without a result" % p.returncode))
+            if jid in self.killed:
+                self.killed.discard(jid)
+                ended.append((jid, "it ran past its timeout (%.0f s: join_timeout_floor_s + join_timeout_factor x"
+                                   " frames / fps); its processes were killed" % self.limit[jid]))
+            else:
+                try:
+                    ended.append((jid, json.loads(result.read_text())))
+                except (OSError, ValueError):
+                    ended.append((jid, "the join's process ended (exit %s) without a result" % p.returncode))
             for f in (result, self.dir / (jid + ".request.json")):
                 f.unlink(missing_ok=True)
         while self.waiting and len(self.running) < self.s.join_workers:
@@ -101,6 +121,7 @@ class Joins:
                 self.running[jid] = subprocess.Popen(
                     [*self.argv, str(self.dir / (jid + ".request.json")), str(self.dir / (jid + ".result.json"))],
                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.started[jid] = time.monotonic()
         return ended
 
     def cancel(self, jid: str) -> None:
@@ -108,6 +129,7 @@ class Joins:
         if jid in self.waiting:
             self.waiting.remove(jid)
         p = self.running.pop(jid, None)
+        self.killed.discard(jid)
         if p is not None:
             proc.kill_group(p, grace=30)
             p.wait(10)
