@@ -111,3 +111,25 @@ def test_dry_run_removes_nothing_and_the_cli_says_what_would_go(s, tmp_path, cap
     assert "would remove %s" % (Path(s.parts_dir) / old) in out and (Path(s.parts_dir) / old).exists()
     assert main(["--config", str(config), "gc"]) == 0
     assert "freed 2 paths" in capsys.readouterr().out and not (Path(s.parts_dir) / old).exists()
+
+
+def test_the_records_of_jobs_ended_long_ago_go_and_the_rest_stay(s):
+    """The database and the join logs do not grow for ever (issue 39): a job's rows go keep_records_h
+    after its end, outbox rows a day after they were carried out; a dry run only counts them."""
+    s.keep_records_h = 100
+    old, recent, live = job(s, "done", 101), job(s, "failed", 99), job(s, "running", None)
+    db = DB(s.db_path)
+    db.c.execute("INSERT INTO outbox(job_id, action, args, created_at, done_at) VALUES (?,?,?,?,?)",
+                 (live, "revoke", "{}", time.time() - 2 * 86400, time.time() - 2 * 86400))
+    db.c.execute("INSERT INTO outbox(job_id, action, args, created_at, done_at) VALUES (?,?,?,?,NULL)",
+                 (live, "revoke", "{}", time.time() - 2 * 86400))
+    logs = [aged(Path(s.work_dir) / "joins" / (j + ".log"), 1) for j in (old, recent)]
+    counted = Pruner(s, dry_run=True).run()["records"]
+    assert counted["jobs"] == 1 and counted["chunks"] == 1 and counted["events"] >= 1
+    assert counted["outbox carried out"] == 1 and db.job(old) is not None
+    Pruner(s).run()
+    assert db.job(old) is None and db.job(recent) and db.job(live)
+    assert db.rows("SELECT * FROM chunks WHERE job_id=?", (old,)) == []
+    assert db.rows("SELECT * FROM events WHERE job_id=?", (old,)) == []
+    assert [r["done_at"] for r in db.rows("SELECT done_at FROM outbox")] == [None]      # only the pending one
+    assert not logs[0].exists() and logs[1].exists()

@@ -96,6 +96,7 @@ class Settings:
     keep_failed_parts_h: float = 720.0    #   a failed job's (`farm join JOB` may join them again): 30 days, or
                                           #   until `farm gc --job JOB`
     keep_bundles_h: float = 168.0         # a bundle no job used this long
+    keep_records_h: float = 2160.0        # a job's rows in the database and its join log, this long after its end
     temp_max_age_h: float = 6.0           # temporaries (half-written parts, a killed join's), this old
     max_part_bytes: int = 4 * 2**30       # an upload larger than this is refused (413)
     min_free_gib: float = 2.0             # a submit is refused when parts_dir or output_dir has less free, or

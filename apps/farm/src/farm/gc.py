@@ -77,7 +77,36 @@ class Pruner:
         self._bundles(jobs)
         self._temporaries()
         self._floor(ended)
-        return {"removed": self.removed, "bytes": sum(r["bytes"] for r in self.removed), "dryRun": self.dry_run}
+        old = [jid for jid, j in ended.items() if now - (j["finished_at"] or j["created_at"]) > s.keep_records_h * HOUR]
+        for jid in old:
+            self.remove(Path(s.work_dir) / "joins" / (jid + ".log"), "its job ended more than keep_records_h ago")
+        records = self._records(db, old)
+        return {"removed": self.removed, "bytes": sum(r["bytes"] for r in self.removed), "dryRun": self.dry_run,
+                "records": records}
+
+    def _records(self, db: DB, jobs: list[str]) -> dict:
+        """The database's rows of jobs that ended more than keep_records_h ago, and outbox rows carried out
+        more than a day ago: how many of each went (or would go)."""
+        counts = {}
+        with db.tx() as c:
+            for table in ("events", "outbox", "node_failures", "blocklist", "consumers", "leases", "attempts",
+                          "chunks", "jobs"):
+                key = "id" if table == "jobs" else "job_id"
+                n = 0
+                for i in range(0, len(jobs), 500):
+                    batch = jobs[i:i + 500]
+                    marks = ",".join("?" * len(batch))
+                    where = "FROM %s WHERE %s IN (%s)" % (table, key, marks)
+                    n += c.execute("SELECT count(*) " + where, batch).fetchone()[0]
+                    if not self.dry_run:
+                        c.execute("DELETE " + where, batch)
+                counts[table] = n
+            done = self.now - 86400
+            counts["outbox carried out"] = c.execute("SELECT count(*) FROM outbox WHERE done_at < ?",
+                                                     (done,)).fetchone()[0]
+            if not self.dry_run:
+                c.execute("DELETE FROM outbox WHERE done_at < ?", (done,))
+        return counts
 
     def _bundles(self, jobs: dict) -> None:
         s, now = self.s, self.now
