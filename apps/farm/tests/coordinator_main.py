@@ -1,7 +1,7 @@
 """A farm coordinator as the tests run it: `farm coordinator`, with faults a test asks for by environment.
 
 FARM_TEST_PUBLISH_FAILS=N  the first N publishes of a chunk fail (as when the broker is away)
-FARM_TEST_CRASH_AT=POINT   SIGKILL of the coordinator at that named step of a job's life (Coordinator.fault),
+FARM_TEST_CRASH_AT=POINT   SIGKILL of the coordinator at that named step of a job's life (Coordinator(fault=...)),
                            the first time it is reached while the file FARM_TEST_CRASH_MARK does not exist
                            (it is made then, so the restarted coordinator goes past)
 FARM_TEST_CANCEL_FAILS=N   the first N cancel_consumer calls fail (as when the broker is away)
@@ -56,7 +56,7 @@ def apply(self, r):
     return real_apply(self, r)
 
 
-def fault(self, point):
+def fault(point):
     mark = os.environ.get("FARM_TEST_CRASH_MARK")
     if point == os.environ.get("FARM_TEST_CRASH_AT") and mark and not os.path.exists(mark):
         Path(mark).write_text(point)
@@ -64,14 +64,16 @@ def fault(self, point):
 
 
 tasks.app.send_task = send_task
-Coordinator.fault = fault
 BrokerControl.cancel_consumers = cancel_consumers
 StateMachine.apply = apply
-if os.environ.get("FARM_TEST_SLOW_JOIN"):     # the coordinator's joins run through tests/join_main.py
-    real_init = Coordinator.__init__
+real_init = Coordinator.__init__
 
-    def init(self, settings, **kw):
-        join_argv = [sys.executable, str(Path(__file__).resolve().parent / "join_main.py")]
-        real_init(self, settings, joins=Joins(settings, argv=join_argv), **kw)
-    Coordinator.__init__ = init
+
+def init(self, settings, **kw):
+    if os.environ.get("FARM_TEST_SLOW_JOIN"):     # the coordinator's joins run through tests/join_main.py
+        kw["joins"] = Joins(settings, argv=[sys.executable, str(Path(__file__).resolve().parent / "join_main.py")])
+    real_init(self, settings, fault=fault, **kw)
+
+
+Coordinator.__init__ = init
 sys.exit(cli.main(["coordinator", *sys.argv[1:]]))

@@ -17,9 +17,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
-from farm import broker, join, remotion, tasks
+from farm import broker, join, remotion
 from farm.config import Settings, load
-from farm.coordinator import Coordinator
 from farm.db import DB, FINAL
 from farm.jobs import check_nodes, project_spec, submit
 
@@ -163,6 +162,7 @@ def cmd_cancel(a, s: Settings) -> int:
 def cmd_worker(a, s: Settings) -> int:
     if s.host_url and not s.worker_token_file:
         raise SystemExit("farm worker: host_url needs worker_token_file (the workers' bearer token)")
+    from farm import tasks  # noqa: PLC0415 (Celery: only the processes that run tasks load it)
     app = tasks.configure(s, a.node)
     tasks.watch_freezes()
     # -c 1: one render at a time per node; prefork, so the main process keeps the broker's heartbeat
@@ -179,6 +179,7 @@ def cmd_coordinator(a, s: Settings) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    from farm.coordinator import Coordinator  # noqa: PLC0415 (Celery: only the processes that run it load it)
     Coordinator(s).run(stop)
     return 0
 

@@ -16,6 +16,7 @@ FARM_NODES = ["vca-node0", "vca-node1", "vca-node4", "vca-node5"]   # inventory 
 # three nodes (0.0704 s a frame a node). testsrc: ffmpeg's test pattern at a test's tiny size (an upper
 # bound of `bench/farm_long.py` on the lab).
 RENDER_S_PER_FRAME = {"remotion": 0.0704, "testsrc": 0.005}
+WORKER_KEYS = ("node", "browser", "node_modules", "concurrency")   # a machine's own executables, never a job's
 HARD_LIMIT_GRACE_S = 30.0   # after the soft limit: the render's tools stopped and its report sent
 
 
@@ -199,6 +200,13 @@ class Settings:
         if not (self.smem_url and self.smem_token_file):
             return None
         return Path(self.smem_token_file).read_text().strip()
+
+
+def worker_spec(spec: dict, settings: Settings) -> dict:
+    """The job's spec with this machine's own executables (its settings' [render]): they are the node's,
+    or the host's, not the job's."""
+    own = settings.render or {}
+    return {**spec, **{k: own[k] for k in WORKER_KEYS if k in own}}
 
 
 def load(path: str | os.PathLike | None = None, **overrides) -> Settings:

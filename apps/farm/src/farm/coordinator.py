@@ -50,7 +50,11 @@ class Stopped(Exception):
 
 
 class Coordinator:
-    def __init__(self, settings: Settings, *, leases: LeaseClient | None = None, joins: Joins | None = None):
+    def __init__(self, settings: Settings, *, leases: LeaseClient | None = None, joins: Joins | None = None,
+                 fault=None):
+        """fault(point): called at each named step of a job's life (`begin:running`, `report:applied`, ...);
+        the crash tests pass one that kills the process there (tests/coordinator_main.py)."""
+        self.fault = fault or (lambda point: None)
         self.s = settings
         self.db = DB(settings.db_path)
         self._lock = open(str(settings.db_path) + ".lock", "w")
@@ -74,10 +78,6 @@ class Coordinator:
                                routing_key=settings.reports_queue)
         self.refused_reports = 0
         self.unapplied: dict[tuple, int] = {}   # a report's failed applies, by (attempt, event, ts)
-
-    def fault(self, point: str) -> None:
-        """A named step of a job's life; the tests' wrapper (tests/coordinator_main.py) kills the process
-        here. Nothing in production."""
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self, stop: threading.Event | None = None) -> None:

@@ -7,11 +7,10 @@ import time
 from pathlib import Path
 
 from farm import remotion
-from farm.config import Settings
+from farm.config import WORKER_KEYS, Settings
 from farm.db import DB
 from farm.gc import free_gib
 from farm.plan import plan_chunks
-from farm.tasks import WORKER_KEYS
 
 
 def check_nodes(s: Settings, asked: list[str] | None) -> list[str]:

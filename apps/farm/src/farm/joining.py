@@ -24,8 +24,7 @@ from farm import join as media_join
 from farm import proc
 from farm import render as media_render
 from farm import verify as media_verify
-from farm.config import Settings
-from farm.tasks import worker_spec
+from farm.config import Settings, worker_spec
 
 
 def run(s: Settings, job: dict, chunks: list[dict]) -> dict:

@@ -30,7 +30,7 @@ from kombu import Connection, Exchange, Queue
 
 from farm import render as media
 from farm import transport
-from farm.config import Settings
+from farm.config import Settings, worker_spec
 
 app = Celery("farm")
 log = logging.getLogger(__name__)
@@ -38,7 +38,6 @@ here = SimpleNamespace(settings=Settings(), node=socket.gethostname(), host=None
                        frozen_at=None, tick_at=None)
 
 RETRY = {"max_retries": 5, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 3}
-WORKER_KEYS = ("node", "browser", "node_modules", "concurrency")
 QUEUE_ARGS = {"x-max-priority": 9}
 
 
@@ -101,12 +100,6 @@ def _ticker(stop: threading.Event, t0: float, ids: dict, where: dict) -> None:
             report("progress", elapsed=time.time() - t0, phase=phase, frames=frames, written=grown, **ids)
         except Exception:   # a missed progress report only ages the chunk in `farm status`
             pass
-
-
-def worker_spec(spec: dict, settings: Settings) -> dict:
-    """The job's spec with this worker's own executables: they are the node's, not the job's."""
-    own = settings.render or {}
-    return {**spec, **{k: own[k] for k in WORKER_KEYS if k in own}}
 
 
 def _host() -> transport.Host | None:
