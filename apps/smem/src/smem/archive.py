@@ -135,15 +135,21 @@ def restore(backup_path: str, db_path: str, force: bool = False) -> dict:
 
 
 # -- export and import ----------------------------------------------------------------------------
+# A statement that reads a whole namespace says so with this mark: the query-plan test lets only these
+# walk a namespace's rows, and export runs them inside a read transaction, never under the write lock.
+NAMESPACE_WALK = "/* namespace walk */ "
+
+
 def export(db: DB, ns: str, out) -> dict:
     """One namespace as JSON Lines on `out` (text): a header, then each document (with its chunks'
-    text), then each fact with its history. Erased facts go as the tombstones they are."""
-    meta = dict(db.conn.execute("SELECT key, value FROM meta").fetchall())
+    text), then each fact with its history. Erased facts go as the tombstones they are. Read from one
+    snapshot (a read transaction): writers go on meanwhile, and a row at a time is in memory."""
     counts = {"documents": 0, "facts": 0}
-    with db.tx():   # one snapshot (a write transaction, so nothing moves under the export)
+    with db.snapshot():
+        meta = dict(db.conn.execute("SELECT key, value FROM meta").fetchall())
         out.write(json.dumps({"kind": "smem-export", "version": EXPORT_VERSION, "ns": ns, "schema": db.version,
                               "embedder": meta.get("embedder"), "exportedAt": now()}) + "\n")
-        for d in db.rows("SELECT * FROM documents WHERE ns=? ORDER BY created_at, id", (ns,)):
+        for d in db.iter(NAMESPACE_WALK + "SELECT * FROM documents WHERE ns=? ORDER BY created_at, id", (ns,)):
             chunks = db.rows("SELECT id, seq, content FROM chunks WHERE document_id=? ORDER BY seq", (d["id"],))
             out.write(json.dumps({"kind": "document", "id": d["id"], "customId": d["custom_id"],
                                   "content": d["content"], "metadata": json.loads(d["metadata"]),
@@ -151,7 +157,8 @@ def export(db: DB, ns: str, out) -> dict:
                                   "createdAt": d["created_at"], "updatedAt": d["updated_at"],
                                   "chunks": chunks if d["status"] == "done" else []}) + "\n")
             counts["documents"] += 1
-        for m in db.rows("SELECT * FROM memories WHERE ns=? AND indexed=1 ORDER BY rowid", (ns,)):
+        for m in db.iter(NAMESPACE_WALK + "SELECT * FROM memories WHERE ns=? AND indexed=1"
+                         " ORDER BY valid_from, rowid", (ns,)):
             history = db.rows("SELECT event, other_id, at, detail FROM history WHERE ns=? AND memory_id=?"
                               " ORDER BY id", (ns, m["id"]))
             out.write(json.dumps({"kind": "fact", **{k: m[k] for k in FACT_FIELDS},
@@ -248,9 +255,10 @@ def import_(db: DB, embedder, settings, lines, *, ns: str | None = None, batch: 
                        now(), now()))
         for m in fact_rows:
             vec = fact_vecs.get(m["id"])
-            c.execute("INSERT INTO memories(%s, ns, metadata, embedding, indexed) VALUES (%s)"
-                      % (", ".join(FACT_FIELDS), ", ".join("?" * (len(FACT_FIELDS) + 4))),
-                      (*(m[k] for k in FACT_FIELDS), ns, json.dumps(m.get("metadata") or {}), vec, 1))
+            c.execute("INSERT INTO memories(%s, ns, metadata, embedding, indexed, content_key) VALUES (%s)"
+                      % (", ".join(FACT_FIELDS), ", ".join("?" * (len(FACT_FIELDS) + 5))),
+                      (*(m[k] for k in FACT_FIELDS), ns, json.dumps(m.get("metadata") or {}), vec, 1,
+                       None if m["erased_at"] else dbm.content_key(m["content"])))
             if vec is not None and m["forgotten_at"] is None:
                 facts.index_memory(c, ns, {"rowid": db.conn.last_insert_rowid(), "content": m["content"],
                                            "embedding": vec})
