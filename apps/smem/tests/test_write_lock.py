@@ -20,7 +20,7 @@ def write_now(svc, ns: str, content: str) -> dict:
         try:
             svc.db.conn.set_busy_timeout(0)
             out["fact"] = memories.add(svc.db, svc.embedder, 0.97, ns, content, valid_at=None, supersedes=None)
-        except Exception as e:   # noqa: BLE001 -- the test reports what the writer met
+        except Exception as e:
             out["error"] = e
     t = threading.Thread(target=run)
     t.start()
