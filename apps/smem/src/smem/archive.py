@@ -90,6 +90,55 @@ def backup(db_path: str, to: str | None = None, directory: str | None = None, ke
     return {"path": str(dest), "bytes": dest.stat().st_size, "removed": removed}
 
 
+def backup_time(path: Path) -> str | None:
+    """When a backup of --dir was taken (its name), as db.now() writes times; None for another file."""
+    if not BACKUP_NAME.match(path.name):
+        return None
+    return datetime.strptime(path.name, "smem-%Y%m%dT%H%M%SZ.db").replace(tzinfo=UTC).strftime(dbm.TIME_FMT)
+
+
+def prune_erased(db_path: str, directory: str, dry_run: bool = False) -> dict:
+    """The backups in directory taken before the database's last erase (or document delete): they still
+    hold what was erased. Removed (dry_run: only listed). {lastErase, removed, kept}."""
+    if not os.path.exists(db_path):
+        raise ArchiveError("no database at %s" % db_path)
+    c = apsw.Connection(db_path, flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        c.set_busy_timeout(30_000)
+        row = c.execute("SELECT value FROM meta WHERE key='last_erase_at'").fetchone()
+    except apsw.SQLError:
+        row = None
+    finally:
+        c.close()
+    last = row[0] if row else None
+    removed, kept = [], []
+    for p in sorted(Path(directory).iterdir()):
+        taken = backup_time(p)
+        if taken is None:
+            continue
+        # A backup of the same second as the erase may be either side of it: it goes too.
+        if last is not None and taken[:19] <= last[:19]:
+            if not dry_run:
+                p.unlink()
+            removed.append(str(p))
+        else:
+            kept.append(str(p))
+    return {"lastErase": last, "removed": removed, "kept": kept, "dryRun": dry_run}
+
+
+def vacuum(db: DB, wait_s: float = 30.0) -> dict:
+    """The file rewritten without its free pages (it shrinks after deletes and erases), the planner's
+    statistics refreshed, the WAL checkpointed and truncated. Writers wait while VACUUM runs."""
+    before = os.path.getsize(db.path)
+    first = db.checkpoint(wait_s=wait_s)
+    db.conn.execute("VACUUM")
+    db.conn.execute("PRAGMA analysis_limit=1000")
+    db.conn.execute("PRAGMA optimize=0x10002")
+    busy, _, _ = db.checkpoint(wait_s=wait_s)
+    return {"path": db.path, "bytesBefore": before, "bytesAfter": os.path.getsize(db.path),
+            "walCheckpointed": not busy, "walBusyBefore": bool(first[0])}
+
+
 def check_backup(path: str) -> int:
     """The backup's schema version, after SQLite's check; ArchiveError if it is not a good smem file."""
     try:

@@ -179,10 +179,28 @@ def _replace_secret(path: str, secret: str) -> None:
 
 def backup(args) -> int:
     try:
+        if args.action == "prune":
+            if not args.erased or args.dir is None:
+                print("smem: backup prune: give --erased and --dir DIR", file=sys.stderr)
+                return 2
+            _print(archive.prune_erased(args.db, args.dir, dry_run=args.dry_run))
+            return 0
         _print(archive.backup(args.db, to=args.to, directory=args.dir, keep=args.keep))
     except (archive.ArchiveError, OSError, apsw.Error) as e:
         print("smem: backup: %s" % e, file=sys.stderr)
         return 1
+    return 0
+
+
+def vacuum(args) -> int:
+    db = open_db(args.db, config.load(args.config), check_embedder=False)
+    try:
+        _print(archive.vacuum(db))
+    except apsw.Error as e:
+        print("smem: vacuum: %s" % e, file=sys.stderr)
+        return 1
+    finally:
+        db.close()
     return 0
 
 
@@ -279,7 +297,15 @@ def _archive_parsers(sub) -> None:
     where.add_argument("--to", help="the copy's file")
     where.add_argument("--dir", help="or a directory: smem-<UTC time>.db there")
     b.add_argument("--keep", type=int, help="with --dir: keep only the newest N copies")
+    b.add_argument("action", nargs="?", choices=["prune"],
+                   help="prune --erased --dir DIR: remove the backups taken before the last erase")
+    b.add_argument("--erased", action="store_true", help="with prune: the backups that still hold erased content")
+    b.add_argument("--dry-run", action="store_true", help="with prune: list them, remove nothing")
     b.set_defaults(func=backup)
+    v = sub.add_parser("vacuum", help="shrink the file (free pages out), refresh the planner's statistics")
+    v.add_argument("--db", required=True)
+    v.add_argument("--config")
+    v.set_defaults(func=vacuum)
     r = sub.add_parser("restore", help="a backup as the database (smem serve stopped)")
     r.add_argument("backup")
     r.add_argument("--db", required=True)

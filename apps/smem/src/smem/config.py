@@ -58,6 +58,8 @@ class Settings:
     rerank_top_k: int = 20                # only the fused top k go to the reranker
     rerank_budget_ms: float = 800.0       # over it, search answers unreranked ("reranker" in degraded)
     test_chunk_sleep_s: float = 0.0       # tests only: each chunk's embedding waits this long
+    erase_checkpoint_tries: int = 5       # after an erase, the WAL checkpoint is tried this often
+    erase_checkpoint_wait_s: float = 1.0  # each try waits this long for readers of older snapshots
     # A node whose lanes it shares with the host's LLM workers (roles/llm_workers): a lease drains the
     # node's worker in HAProxy too, through this admin socket, and its end returns it ("": off).
     haproxy_socket: str = ""
@@ -118,6 +120,10 @@ def _validate_retrieval(s: Settings) -> None:
             raise ValueError("%s: a whole number >= 0, got %r" % (key, getattr(s, key)))
     if not isinstance(s.speaker_boost, int | float) or s.speaker_boost < 0:
         raise ValueError("speaker_boost: a number >= 0, got %r" % (s.speaker_boost,))
+    if not isinstance(s.erase_checkpoint_tries, int) or s.erase_checkpoint_tries < 1:
+        raise ValueError("erase_checkpoint_tries: a whole number >= 1, got %r" % (s.erase_checkpoint_tries,))
+    if not isinstance(s.erase_checkpoint_wait_s, int | float) or s.erase_checkpoint_wait_s < 0:
+        raise ValueError("erase_checkpoint_wait_s: a number >= 0, got %r" % (s.erase_checkpoint_wait_s,))
 
 
 def _validate_lane(s: Settings, name: str) -> None:

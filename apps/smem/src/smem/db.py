@@ -304,10 +304,25 @@ class DB:
         c.execute("INSERT INTO history(ns, memory_id, event, other_id, at, detail) VALUES (?,?,?,?,?,?)",
                   (ns, memory_id, event, other_id, now(), json.dumps(detail)))
 
-    def checkpoint(self) -> tuple[int, int, int]:
+    def checkpoint(self, wait_s: float | None = None) -> tuple[int, int, int]:
         """Copies the WAL into the file and truncates it (busy, frames in the WAL, frames copied):
-        after it, what was deleted (and overwritten, secure_delete) is in neither file."""
-        return self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        after it, what was deleted (and overwritten, secure_delete) is in neither file. busy 1: a reader
+        of an older snapshot (or a writer) kept it from finishing within wait_s (default: the busy timeout)."""
+        c = self.conn
+        if wait_s is not None:
+            c.set_busy_timeout(int(wait_s * 1000))
+        try:
+            return c.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except apsw.BusyError:
+            return (1, -1, -1)
+        finally:
+            if wait_s is not None:
+                c.set_busy_timeout(30_000)
+
+    def mark_erase(self, c) -> None:
+        """When content was last erased: a backup older than this still holds it (smem backup prune --erased)."""
+        c.execute("INSERT INTO meta VALUES ('last_erase_at', ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                  (now(),))
 
     def close(self) -> None:
         """Every thread's connection; the last one to close checkpoints the WAL into the file."""

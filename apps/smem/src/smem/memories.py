@@ -104,6 +104,8 @@ def forget(db: DB, ns: str, memory_id: str | None, content: str | None, dry_run:
         if not dry_run:
             for m in targets:
                 facts.forget(db, c, ns, m, erase=erase)
+            if erase and targets:
+                db.mark_erase(c)
     return {"dryRun": dry_run, "erased": erase, "forgotten": [public(m) for m in targets]}
 
 

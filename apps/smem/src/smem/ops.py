@@ -234,17 +234,26 @@ class Ops:
             facts.drop_chunk_index(c, doc_id)
             retired = facts.retire_document_facts(self.db, c, ns, doc_id, erase=erase)
             c.execute("DELETE FROM documents WHERE id=?", (doc_id,))  # chunks and jobs cascade
-        self._after_erase()
-        return {"id": doc_id, "deleted": True, "factsRetired": retired, "erased": erase}
+            self.db.mark_erase(c)
+        out = {"id": doc_id, "deleted": True, "factsRetired": retired, "erased": erase}
+        return {**out, **self._after_erase(erase)}
 
-    def _after_erase(self) -> None:
-        # The deleted pages are overwritten in the WAL; copied into the file and the WAL truncated, no
-        # copy is left anywhere. Readers may hold the WAL: then the next checkpoint (at the latest a
-        # clean stop) finishes it.
-        try:
-            self.db.checkpoint()
-        except Exception as e:
-            log.warning("checkpoint after an erase: %s", e)
+    def _after_erase(self, erased: bool) -> dict:
+        """The deleted pages are overwritten in the WAL; copied into the file and the WAL truncated, no copy
+        is left anywhere. A reader of an older snapshot keeps the WAL: the checkpoint is tried again, a
+        bounded number of times; if it still cannot finish, the answer says the erase is pending and why
+        (the next checkpoint, `smem vacuum` or a clean stop finishes it)."""
+        s = self.settings
+        for attempt in range(max(1, s.erase_checkpoint_tries)):
+            busy, wal, copied = self.db.checkpoint(wait_s=s.erase_checkpoint_wait_s)
+            if not busy:
+                return {}
+            log.info("checkpoint after a delete, try %d: busy (%s of %s WAL frames copied)", attempt + 1, copied, wal)
+        reason = ("the WAL still holds the deleted pages: a reader of an older snapshot kept the checkpoint from"
+                  " finishing (%d tries, %.1f s each); the next checkpoint, smem vacuum or a clean stop removes them"
+                  % (s.erase_checkpoint_tries, s.erase_checkpoint_wait_s))
+        log.warning("erase pending: %s", reason)
+        return {"erased": "pending", "erasePending": reason} if erased else {"walPending": reason}
 
     # -- search and facts ------------------------------------------------------------------
     def search(self, p, ns: str | None, body: dict) -> dict:
@@ -286,7 +295,7 @@ class Ops:
         out = memories.forget(self.db, ns, b.get("id"), b.get("content"), b.get("dryRun", False),
                               erase=b.get("erase", False))
         if out["erased"] and not out["dryRun"]:
-            self._after_erase()
+            out.update(self._after_erase(True))
         return out
 
     def profile(self, p, ns: str | None) -> dict:
