@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 from datetime import UTC, datetime
 from pathlib import Path
@@ -161,6 +162,25 @@ def check_backup(path: str) -> int:
     return version
 
 
+def check_owner(db_path: str) -> tuple[int, int]:
+    """(uid, gid) the restored file must have: the existing database's, else its directory's (the service
+    user's). Root restores and hands the file over; another user who is not that owner is refused."""
+    dest = Path(db_path)
+    st = (dest if dest.exists() else dest.parent).stat()
+    me = os.geteuid()
+    if me not in (0, st.st_uid):
+        raise ArchiveError("%s belongs to %s: restore as that user (sudo -u %s smem restore ...), not as %s"
+                           % (dest if dest.exists() else dest.parent, _user(st.st_uid), _user(st.st_uid), _user(me)))
+    return st.st_uid, st.st_gid
+
+
+def _user(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return "uid %d" % uid
+
+
 def restore(backup_path: str, db_path: str, force: bool = False) -> dict:
     """The backup as the database at db_path (the server must be stopped: the caller holds its lock).
     An existing database is replaced only with force; its -wal and -shm go with it."""
@@ -170,12 +190,17 @@ def restore(backup_path: str, db_path: str, force: bool = False) -> dict:
     dest = Path(db_path)
     if dest.exists() and not force:
         raise ArchiveError("%s exists: --force replaces it (take a backup of it first)" % db_path)
+    uid, gid = check_owner(db_path)
     src = apsw.Connection(backup_path, flags=apsw.SQLITE_OPEN_READONLY)
     try:
         staged = dest.with_name(dest.name + ".restore")
         _copy(src, staged)
     finally:
         src.close()
+    if os.geteuid() == 0:   # the service opens it as its user: the file and its lock files are that user's
+        for p in (staged, Path(db_path + ".lock"), Path(db_path + ".users")):
+            if p.exists():
+                os.chown(p, uid, gid)
     for suffix in ("-wal", "-shm"):
         Path(db_path + suffix).unlink(missing_ok=True)
     os.replace(staged, dest)

@@ -15,7 +15,7 @@ import uvicorn
 
 from smem import __version__, archive, auth, config, mcp_server
 from smem.errors import Conflict, NotFound
-from smem.service import Busy, build, open_db, take_lock
+from smem.service import Busy, build, open_db, take_lock, take_users
 
 log = logging.getLogger("smem.cli")
 BACKLOG = 2048   # uvicorn's default
@@ -205,10 +205,18 @@ def vacuum(args) -> int:
 
 
 def restore(args) -> int:
+    locks = []
     try:
-        lock = take_lock(args.db)
+        archive.check_owner(args.db)   # before any lock file is made as the wrong user
+        locks.append(take_lock(args.db))
+        locks.append(take_users(args.db))
     except Busy as e:
-        print("smem: restore: %s; stop it first (systemctl stop smem)" % e, file=sys.stderr)
+        for fd in locks:
+            os.close(fd)
+        print("smem: restore: %s; stop it first (systemctl stop smem, and any smem mcp)" % e, file=sys.stderr)
+        return 1
+    except archive.ArchiveError as e:
+        print("smem: restore: %s" % e, file=sys.stderr)
         return 1
     try:
         _print(archive.restore(args.backup, args.db, force=args.force))
@@ -216,7 +224,8 @@ def restore(args) -> int:
         print("smem: restore: %s" % e, file=sys.stderr)
         return 1
     finally:
-        os.close(lock)
+        for fd in locks:
+            os.close(fd)
     return 0
 
 
@@ -255,7 +264,8 @@ def mcp(args) -> int:
         return 2
     try:
         settings = config.load(args.config)
-        # No take_lock and no workers: `smem serve` may own this file's queue beside us.
+        # No take_lock and no workers: `smem serve` may own this file's queue beside us. open_db holds
+        # DB.users shared, as serve does: smem restore refuses while this runs.
         app, _ = build(args.db, settings, start_workers=False)
     except (OSError, ValueError) as e:
         print("smem: %s" % e, file=sys.stderr)
