@@ -15,7 +15,7 @@ import apsw
 from smem import facts
 from smem.config import Settings
 from smem.db import DB, content_key, new_id, now, vec_blob
-from smem.embed import Embedder
+from smem.embed import Embedder, EmbedderError
 from smem.extract import ExtractionError, Extractor, nearest, window_text, windows
 from smem.jobqueue import JobQueue, Lost
 from smem.judge import Judge, JudgeFailed
@@ -69,11 +69,17 @@ class Pipeline:
         except apsw.Error:
             raise   # the database's trouble (disk full, I/O), not the document's: the worker retries it
         except NoNode as e:
-            if not e.leased_only:
+            if not e.leased_only:   # the nodes' fault, not the document's: retried for minutes
                 log.warning("job %s stage %s: %s", job["id"], job["stage"], e)
-                self.queue.failed_attempt(job, "%s: %s" % (job["stage"], e))
+                self.queue.transient(job, "%s: %s" % (job["stage"], e))
             else:   # the render farm has the lane's nodes: wait for them, no attempt spent
                 self.queue.wait(job, "%s: %s" % (job["stage"], e))
+        except EmbedderError as e:
+            log.warning("job %s stage %s: %s", job["id"], job["stage"], e)
+            if getattr(e, "transient", False):
+                self.queue.transient(job, "%s: %s" % (job["stage"], e))
+            else:
+                self.queue.failed_attempt(job, "%s: %s" % (job["stage"], e))
         except FinalFailure as e:
             log.warning("job %s stage %s: %s", job["id"], job["stage"], e)
             self.queue.failed_attempt(job, "%s: %s" % (job["stage"], e), final=True, result=e.result)

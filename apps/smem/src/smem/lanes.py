@@ -312,6 +312,7 @@ class LaneEmbedder:
             return Answer(np.zeros((0, self.dim), dtype=np.float32), "none")
         down: list[str] = []
         errors = []
+        refused = False
         for lane in (self.lane, self.fallback):
             if lane is None:
                 continue
@@ -326,9 +327,11 @@ class LaneEmbedder:
                 raise   # the same input is as large for the fallback lane
             except Refused as e:
                 errors.append(str(e))
+                refused = True
                 break
         err = EmbedderError("; ".join(errors))
         err.down = down
+        err.transient = not refused   # nodes down or out of time: worth retrying; a refusal is not
         raise err
 
     def embed(self, texts: list[str]) -> np.ndarray:
