@@ -74,6 +74,9 @@ class Server:
     down_until: float = 0.0    # epoch seconds
     auth_error: str | None = None   # why its last call got a 401 (cleared by one that is answered)
     key: str = field(default="", repr=False)
+    seconds: float = 0.0       # how long its answers took lately (a moving average): ties go to the faster
+    picked: int = 0            # when it was last picked (a counter): then to the one picked longest ago
+    until: float | None = None  # this try's own deadline (time.monotonic()), set by Lanes.call
 
     @property
     def label(self) -> str:
@@ -134,6 +137,7 @@ class Lanes:
     def __init__(self, settings: Settings):
         self.down_s = settings.down_s
         self.cond = threading.Condition()
+        self.picks = 0   # how many servers were picked: each remembers when it last was
         self.leases: dict[str, dict] = {}    # node -> {id, holder, expiresAt, until (epoch)}
         self.config: dict[str, dict] = {}
         self.servers: dict[tuple[str, str], list[Server]] = {}
@@ -176,7 +180,13 @@ class Lanes:
                     down.append(s.label)
                 continue
             free.append(s)
-        return min(free, key=lambda s: s.inflight) if free else None
+        if not free:
+            return None
+        # Least busy; between equally busy ones the faster lately, then the one picked longest ago.
+        best = min(free, key=lambda s: (s.inflight, round(s.seconds, 1), s.picked))
+        self.picks += 1
+        best.picked = self.picks
+        return best
 
     def _none_left(self, lane: str, role: str, down: list[str], errors: list[str]) -> NoNode:
         group = self.servers.get((lane, role), [])
@@ -208,7 +218,12 @@ class Lanes:
                 if s is None:
                     raise self._none_left(lane, role, down, errors)
                 s.inflight += 1
+                left = 1 + sum(1 for x in self.servers.get((lane, role), []) if x not in tried and x is not s
+                               and x.down_until <= time.time() and not self._lease_of(x.node))
             tried.add(s)
+            started = time.monotonic()
+            # Within a budget, a try gets its share of what is left, so that a slow node leaves time for the next.
+            s.until = None if deadline is None else started + (deadline - started) / left
             try:
                 wait = self.timeout(lane)
                 if deadline is not None:   # the caller's budget bounds the wait for a slot too
@@ -223,11 +238,20 @@ class Lanes:
                         continue
                     value = fn(s)
                     s.auth_error = None
+                    s.seconds = 0.7 * s.seconds + 0.3 * (time.monotonic() - started)
                     return Answer(value, s.label, down)
                 finally:
                     s.sem.release()
             except OutOfTime as e:
-                raise NoNode("%s in the %s lane: out of time (%s)" % (role, lane, e), down) from e
+                # Slow, not broken: skipped like a node down, and the budget's rest goes to the next node.
+                log.warning("%s %s: over its share of the budget, skipped for %.0f s: %s", s.label, role,
+                            self.down_s, e)
+                s.seconds = max(s.seconds, time.monotonic() - started)
+                s.down_until = time.time() + self.down_s
+                down.append(s.label)
+                errors.append(str(e))
+                if deadline is None or time.monotonic() >= deadline:
+                    raise NoNode("%s in the %s lane: out of time (%s)" % (role, lane, e), down) from e
             except (NodeDown, Unauthorized) as e:
                 # Skipped alike, so that the lane's other nodes answer; a 401 is logged as what it is.
                 if isinstance(e, Unauthorized):
@@ -378,8 +402,9 @@ class LaneReranker:
         deadline = time.monotonic() + budget_s
 
         def fn(s: Server) -> list[float]:
+            until = min(deadline, s.until or deadline)   # this node's share of the budget
             data = s.post("/v1/rerank", {"model": self.model, "query": query, "documents": documents,
-                                         "top_n": len(documents)}, timeout=max(deadline - time.monotonic(), 0.001))
+                                         "top_n": len(documents)}, timeout=max(until - time.monotonic(), 0.001))
             scores = _shape("rerank", s, lambda: {int(r["index"]): float(r["relevance_score"])
                                                   for r in data["results"]})
             if sorted(scores) != list(range(len(documents))):
