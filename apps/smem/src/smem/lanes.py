@@ -204,9 +204,28 @@ class Lanes:
         return NoNode("no %s node in the %s lane could answer (%s)" % (role, lane, "; ".join(why) or "none configured"),
                       down, leased_only=bool(leased) and not down and not errors)
 
+    def _share_left(self, lane: str, role: str, s: Server, tried: set) -> int:
+        """How many servers the rest of a budget is split over: s and the healthy ones not yet tried."""
+        t = time.time()
+        return 1 + sum(1 for x in self.servers.get((lane, role), []) if x not in tried and x is not s
+                       and x.down_until <= t and not self._lease_of(x.node))
+
+    def _skip(self, s: Server, role: str, e: Exception, down: list[str], errors: list[str]) -> None:
+        """s failed (NodeDown, a 401, or slow past its share of a budget): skipped for down_s, so that the
+        lane's other nodes answer; a 401 is logged as what it is."""
+        if isinstance(e, Unauthorized):
+            s.auth_error = str(e)
+            log.error("%s %s: skipped for %.0f s: %s", s.label, role, self.down_s, e)
+        else:
+            log.warning("%s %s: down for %.0f s: %s", s.label, role, self.down_s, e)
+        s.down_until = time.time() + self.down_s
+        down.append(s.label)
+        errors.append(str(e))
+
     def call(self, lane: str, role: str, fn: Callable[[Server], object], deadline: float | None = None) -> Answer:
         """fn(server) on the least-busy healthy unleased server; NodeDown (or Unauthorized) moves on, NoNode
-        when none is left (or when time.monotonic() passes deadline)."""
+        when none is left (or when time.monotonic() passes deadline). Within a deadline each try gets its
+        share of the time left (server.until): a slow node leaves time for the next."""
         tried: set[Server] = set()
         down: list[str] = []
         errors: list[str] = []
@@ -218,11 +237,9 @@ class Lanes:
                 if s is None:
                     raise self._none_left(lane, role, down, errors)
                 s.inflight += 1
-                left = 1 + sum(1 for x in self.servers.get((lane, role), []) if x not in tried and x is not s
-                               and x.down_until <= time.time() and not self._lease_of(x.node))
+                left = self._share_left(lane, role, s, tried)
             tried.add(s)
             started = time.monotonic()
-            # Within a budget, a try gets its share of what is left, so that a slow node leaves time for the next.
             s.until = None if deadline is None else started + (deadline - started) / left
             try:
                 wait = self.timeout(lane)
@@ -243,25 +260,12 @@ class Lanes:
                 finally:
                     s.sem.release()
             except OutOfTime as e:
-                # Slow, not broken: skipped like a node down, and the budget's rest goes to the next node.
-                log.warning("%s %s: over its share of the budget, skipped for %.0f s: %s", s.label, role,
-                            self.down_s, e)
                 s.seconds = max(s.seconds, time.monotonic() - started)
-                s.down_until = time.time() + self.down_s
-                down.append(s.label)
-                errors.append(str(e))
+                self._skip(s, role, e, down, errors)
                 if deadline is None or time.monotonic() >= deadline:
                     raise NoNode("%s in the %s lane: out of time (%s)" % (role, lane, e), down) from e
             except (NodeDown, Unauthorized) as e:
-                # Skipped alike, so that the lane's other nodes answer; a 401 is logged as what it is.
-                if isinstance(e, Unauthorized):
-                    s.auth_error = str(e)
-                    log.error("%s %s: skipped for %.0f s: %s", s.label, role, self.down_s, e)
-                else:
-                    log.warning("%s %s: down for %.0f s: %s", s.label, role, self.down_s, e)
-                s.down_until = time.time() + self.down_s
-                down.append(s.label)
-                errors.append(str(e))
+                self._skip(s, role, e, down, errors)
             finally:
                 with self.cond:
                     s.inflight -= 1
