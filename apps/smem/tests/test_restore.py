@@ -7,7 +7,7 @@ import os
 
 from smem import archive, cli
 from smem.config import Settings
-from smem.service import build, let_go
+from smem.service import build, let_go, open_db, take_lock
 
 SERVICE_UID = 4242   # a user with no passwd entry: the service's, as far as the test goes
 
@@ -52,3 +52,17 @@ def test_restore_refuses_while_smem_mcp_has_the_file_open(svc, tmp_path, capsys)
     assert "has %s open" % target in capsys.readouterr().err
     let_go(target)   # the mcp process gone
     assert cli.main(["restore", copy, "--db", target, "--force"]) == 0
+
+
+def test_a_root_tool_leaves_the_lock_files_to_the_databases_owner(svc, tmp_path):
+    """The role makes tokens as root: the DB.users (and DB.lock) it makes must stay the service's to open."""
+    home = tmp_path / "lib"
+    home.mkdir()
+    target = str(home / "smem.db")
+    archive.restore(backup_of(svc, tmp_path), target)
+    os.chown(target, SERVICE_UID, SERVICE_UID)
+    open_db(target, Settings(), check_embedder=False)
+    os.close(take_lock(target))
+    let_go(target)
+    for path in (target + ".users", target + ".lock"):
+        assert os.stat(path).st_uid == SERVICE_UID, path

@@ -46,7 +46,7 @@ def hold_open(db_path: str) -> None:
     the file while a restore swaps it."""
     if db_path == ":memory:" or db_path in _USERS:
         return
-    fd = os.open(db_path + ".users", os.O_RDWR | os.O_CREAT, 0o600)
+    fd = lock_file(db_path, ".users")
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -64,7 +64,7 @@ def let_go(db_path: str) -> None:
 
 def take_users(db_path: str) -> int:
     """DB.users exclusive, for a restore: Busy while any process has the file open."""
-    fd = os.open(db_path + ".users", os.O_RDWR | os.O_CREAT, 0o600)
+    fd = lock_file(db_path, ".users")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -82,9 +82,22 @@ def open_db(path: str, settings: Settings, check_embedder: bool = True) -> DB:
     return DB(path, *embedder_identity(settings), settings.synchronous)
 
 
+def lock_file(db_path: str, suffix: str) -> int:
+    """The descriptor of DB<suffix>, made 0600 if new. Made by root (a role's token task, a restore), it is
+    handed to the database's owner (else its directory's), as SQLite does with -wal and -shm: the service,
+    which runs as that user, must open it too."""
+    path = db_path + suffix
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    if os.geteuid() == 0:
+        owner = os.stat(db_path if os.path.exists(db_path) else os.path.dirname(os.path.abspath(db_path)))
+        if os.fstat(fd).st_uid != owner.st_uid:
+            os.fchown(fd, owner.st_uid, owner.st_gid)
+    return fd
+
+
 def take_lock(db_path: str):
     """One server per database file: then a job left 'running' at start was a dead process's."""
-    fd = os.open(db_path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fd = lock_file(db_path, ".lock")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
