@@ -211,8 +211,8 @@ class Lanes:
                        and x.down_until <= t and not self._lease_of(x.node))
 
     def _skip(self, s: Server, role: str, e: Exception, down: list[str], errors: list[str]) -> None:
-        """s failed (NodeDown, a 401, or slow past its share of a budget): skipped for down_s, so that the
-        lane's other nodes answer; a 401 is logged as what it is."""
+        """s failed (NodeDown, a 401): skipped for down_s, so that the lane's other nodes answer; a 401 is
+        logged as what it is."""
         if isinstance(e, Unauthorized):
             s.auth_error = str(e)
             log.error("%s %s: skipped for %.0f s: %s", s.label, role, self.down_s, e)
@@ -260,8 +260,11 @@ class Lanes:
                 finally:
                     s.sem.release()
             except OutOfTime as e:
+                # Slow for this call, not broken: not marked down, but remembered as slow (the next call
+                # prefers a faster node), and the rest of the budget goes to the next node.
+                log.info("%s %s: past its share of the budget: %s", s.label, role, e)
                 s.seconds = max(s.seconds, time.monotonic() - started)
-                self._skip(s, role, e, down, errors)
+                errors.append(str(e))
                 if deadline is None or time.monotonic() >= deadline:
                     raise NoNode("%s in the %s lane: out of time (%s)" % (role, lane, e), down) from e
             except (NodeDown, Unauthorized) as e:
