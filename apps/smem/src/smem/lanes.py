@@ -74,8 +74,7 @@ class Server:
     down_until: float = 0.0    # epoch seconds
     auth_error: str | None = None   # why its last call got a 401 (cleared by one that is answered)
     key: str = field(default="", repr=False)
-    seconds: float = 0.0       # how long its answers took lately (a moving average): ties go to the faster
-    picked: int = 0            # when it was last picked (a counter): then to the one picked longest ago
+    late_until: float = 0.0    # epoch seconds: it ran past its share of a budget; equally busy nodes go first
     until: float | None = None  # this try's own deadline (time.monotonic()), set by Lanes.call
 
     @property
@@ -137,7 +136,6 @@ class Lanes:
     def __init__(self, settings: Settings):
         self.down_s = settings.down_s
         self.cond = threading.Condition()
-        self.picks = 0   # how many servers were picked: each remembers when it last was
         self.leases: dict[str, dict] = {}    # node -> {id, holder, expiresAt, until (epoch)}
         self.config: dict[str, dict] = {}
         self.servers: dict[tuple[str, str], list[Server]] = {}
@@ -182,11 +180,8 @@ class Lanes:
             free.append(s)
         if not free:
             return None
-        # Least busy; between equally busy ones the faster lately, then the one picked longest ago.
-        best = min(free, key=lambda s: (s.inflight, round(s.seconds, 1), s.picked))
-        self.picks += 1
-        best.picked = self.picks
-        return best
+        # Least busy; between equally busy ones, one that ran late lately goes after the others (then the first).
+        return min(free, key=lambda s: (s.inflight, s.late_until > t))
 
     def _none_left(self, lane: str, role: str, down: list[str], errors: list[str]) -> NoNode:
         group = self.servers.get((lane, role), [])
@@ -255,15 +250,14 @@ class Lanes:
                         continue
                     value = fn(s)
                     s.auth_error = None
-                    s.seconds = 0.7 * s.seconds + 0.3 * (time.monotonic() - started)
                     return Answer(value, s.label, down)
                 finally:
                     s.sem.release()
             except OutOfTime as e:
-                # Slow for this call, not broken: not marked down, but remembered as slow (the next call
-                # prefers a faster node), and the rest of the budget goes to the next node.
+                # Slow for this call, not broken: not marked down, but for down_s it goes after the lane's
+                # other idle nodes; the rest of the budget goes to the next node.
                 log.info("%s %s: past its share of the budget: %s", s.label, role, e)
-                s.seconds = max(s.seconds, time.monotonic() - started)
+                s.late_until = time.time() + self.down_s
                 errors.append(str(e))
                 if deadline is None or time.monotonic() >= deadline:
                     raise NoNode("%s in the %s lane: out of time (%s)" % (role, lane, e), down) from e
