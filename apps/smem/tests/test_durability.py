@@ -237,7 +237,7 @@ def test_erase_leaves_no_copy_in_the_file_or_wal_and_keeps_a_tombstone(svc, mini
     for p in PARAGRAPHS[:3]:
         svc.ingest("alice", p)
     fact = svc.remember("alice", FACT)
-    assert svc.remember("alice", FACT)["id"] == fact["id"]   # a duplicate: its history keeps the content
+    assert svc.remember("alice", FACT)["id"] == fact["id"]   # a duplicate: its history keeps the hash
     doc = svc.ingest("alice", DOC)
     vectors = [vec_blob(v)[:64] for v in minilm.embed([FACT, DOC])]
     svc.db.close()

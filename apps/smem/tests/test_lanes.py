@@ -139,11 +139,13 @@ def test_ingest_borrows_the_interactive_lane_for_embeddings_and_fails_with_the_r
     assert svc.call("GET", "/v5/ns/alice/documents/" + doc).json()["status"] == "done"
 
     dead = "http://127.0.0.1:%d" % free_port()
-    svc = lane_service(lane_settings({"i0": {"embed": dead}}, {"b0": {"embed": dead}}, job_max_attempts=2),
+    # Nodes down are the lane's fault, not the document's: no attempt spent; failed once that outlasts
+    # transient_retry_s (0 here: at the first fault).
+    svc = lane_service(lane_settings({"i0": {"embed": dead}}, {"b0": {"embed": dead}}, transient_retry_s=0),
                        svc.path.with_name("other.db"))
     doc = svc.ingest("alice", DOC)
     d = svc.call("GET", "/v5/ns/alice/documents/" + doc).json()
-    assert d["status"] == "failed" and d["job"]["attempts"] == 2
+    assert d["status"] == "failed" and d["job"]["attempts"] == 0 and "the lane's nodes failed for" in d["error"]
     assert "no embed node in the background lane could answer" in d["error"]
     assert "no embed node in the interactive lane could answer" in d["error"]
 

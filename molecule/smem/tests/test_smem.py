@@ -221,6 +221,7 @@ def test_a_revoked_token_is_refused_at_once(admin):
 def test_the_nightly_backup_makes_a_checked_copy():
     assert HOST.service("smem-backup.timer").is_enabled and HOST.service("smem-backup.timer").is_running
     assert HOST.check_output("systemctl show -P Persistent smem-backup.timer") == "yes"
+    assert HOST.service("smem-vacuum.timer").is_enabled and HOST.service("smem-vacuum.timer").is_running
     HOST.check_output("systemctl start smem-backup.service")       # oneshot: returns when the copy is made
     newest = HOST.check_output("ls -1t /var/backups/smem/smem-*.db | head -1")
     f = HOST.file(newest)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 from datetime import UTC, datetime
 from pathlib import Path
@@ -90,6 +91,55 @@ def backup(db_path: str, to: str | None = None, directory: str | None = None, ke
     return {"path": str(dest), "bytes": dest.stat().st_size, "removed": removed}
 
 
+def backup_time(path: Path) -> str | None:
+    """When a backup of --dir was taken (its name), as db.now() writes times; None for another file."""
+    if not BACKUP_NAME.match(path.name):
+        return None
+    return datetime.strptime(path.name, "smem-%Y%m%dT%H%M%SZ.db").replace(tzinfo=UTC).strftime(dbm.TIME_FMT)
+
+
+def prune_erased(db_path: str, directory: str, dry_run: bool = False) -> dict:
+    """The backups in directory taken before the database's last erase (or document delete): they still
+    hold what was erased. Removed (dry_run: only listed). {lastErase, removed, kept}."""
+    if not os.path.exists(db_path):
+        raise ArchiveError("no database at %s" % db_path)
+    c = apsw.Connection(db_path, flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        c.set_busy_timeout(30_000)
+        row = c.execute("SELECT value FROM meta WHERE key='last_erase_at'").fetchone()
+    except apsw.SQLError:
+        row = None
+    finally:
+        c.close()
+    last = row[0] if row else None
+    removed, kept = [], []
+    for p in sorted(Path(directory).iterdir()):
+        taken = backup_time(p)
+        if taken is None:
+            continue
+        # A backup of the same second as the erase may be either side of it: it goes too.
+        if last is not None and taken[:19] <= last[:19]:
+            if not dry_run:
+                p.unlink()
+            removed.append(str(p))
+        else:
+            kept.append(str(p))
+    return {"lastErase": last, "removed": removed, "kept": kept, "dryRun": dry_run}
+
+
+def vacuum(db: DB, wait_s: float = 30.0) -> dict:
+    """The file rewritten without its free pages (it shrinks after deletes and erases), the planner's
+    statistics refreshed, the WAL checkpointed and truncated. Writers wait while VACUUM runs."""
+    before = os.path.getsize(db.path)
+    first = db.checkpoint(wait_s=wait_s)
+    db.conn.execute("VACUUM")
+    db.conn.execute("PRAGMA analysis_limit=1000")
+    db.conn.execute("PRAGMA optimize=0x10002")
+    busy, _, _ = db.checkpoint(wait_s=wait_s)
+    return {"path": db.path, "bytesBefore": before, "bytesAfter": os.path.getsize(db.path),
+            "walCheckpointed": not busy, "walBusyBefore": bool(first[0])}
+
+
 def check_backup(path: str) -> int:
     """The backup's schema version, after SQLite's check; ArchiveError if it is not a good smem file."""
     try:
@@ -112,6 +162,25 @@ def check_backup(path: str) -> int:
     return version
 
 
+def check_owner(db_path: str) -> tuple[int, int]:
+    """(uid, gid) the restored file must have: the existing database's, else its directory's (the service
+    user's). Root restores and hands the file over; another user who is not that owner is refused."""
+    dest = Path(db_path)
+    st = (dest if dest.exists() else dest.parent).stat()
+    me = os.geteuid()
+    if me not in (0, st.st_uid):
+        raise ArchiveError("%s belongs to %s: restore as that user (sudo -u %s smem restore ...), not as %s"
+                           % (dest if dest.exists() else dest.parent, _user(st.st_uid), _user(st.st_uid), _user(me)))
+    return st.st_uid, st.st_gid
+
+
+def _user(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return "uid %d" % uid
+
+
 def restore(backup_path: str, db_path: str, force: bool = False) -> dict:
     """The backup as the database at db_path (the server must be stopped: the caller holds its lock).
     An existing database is replaced only with force; its -wal and -shm go with it."""
@@ -121,12 +190,17 @@ def restore(backup_path: str, db_path: str, force: bool = False) -> dict:
     dest = Path(db_path)
     if dest.exists() and not force:
         raise ArchiveError("%s exists: --force replaces it (take a backup of it first)" % db_path)
+    uid, gid = check_owner(db_path)
     src = apsw.Connection(backup_path, flags=apsw.SQLITE_OPEN_READONLY)
     try:
         staged = dest.with_name(dest.name + ".restore")
         _copy(src, staged)
     finally:
         src.close()
+    if os.geteuid() == 0:   # the service opens it as its user: the file and its lock files are that user's
+        for p in (staged, Path(db_path + ".lock"), Path(db_path + ".users")):
+            if p.exists():
+                os.chown(p, uid, gid)
     for suffix in ("-wal", "-shm"):
         Path(db_path + suffix).unlink(missing_ok=True)
     os.replace(staged, dest)
@@ -135,15 +209,21 @@ def restore(backup_path: str, db_path: str, force: bool = False) -> dict:
 
 
 # -- export and import ----------------------------------------------------------------------------
+# A statement that reads a whole namespace says so with this mark: the query-plan test lets only these
+# walk a namespace's rows, and export runs them inside a read transaction, never under the write lock.
+NAMESPACE_WALK = "/* namespace walk */ "
+
+
 def export(db: DB, ns: str, out) -> dict:
     """One namespace as JSON Lines on `out` (text): a header, then each document (with its chunks'
-    text), then each fact with its history. Erased facts go as the tombstones they are."""
-    meta = dict(db.conn.execute("SELECT key, value FROM meta").fetchall())
+    text), then each fact with its history. Erased facts go as the tombstones they are. Read from one
+    snapshot (a read transaction): writers go on meanwhile, and a row at a time is in memory."""
     counts = {"documents": 0, "facts": 0}
-    with db.tx():   # one snapshot (a write transaction, so nothing moves under the export)
+    with db.snapshot():
+        meta = dict(db.conn.execute("SELECT key, value FROM meta").fetchall())
         out.write(json.dumps({"kind": "smem-export", "version": EXPORT_VERSION, "ns": ns, "schema": db.version,
                               "embedder": meta.get("embedder"), "exportedAt": now()}) + "\n")
-        for d in db.rows("SELECT * FROM documents WHERE ns=? ORDER BY created_at, id", (ns,)):
+        for d in db.iter(NAMESPACE_WALK + "SELECT * FROM documents WHERE ns=? ORDER BY created_at, id", (ns,)):
             chunks = db.rows("SELECT id, seq, content FROM chunks WHERE document_id=? ORDER BY seq", (d["id"],))
             out.write(json.dumps({"kind": "document", "id": d["id"], "customId": d["custom_id"],
                                   "content": d["content"], "metadata": json.loads(d["metadata"]),
@@ -151,7 +231,8 @@ def export(db: DB, ns: str, out) -> dict:
                                   "createdAt": d["created_at"], "updatedAt": d["updated_at"],
                                   "chunks": chunks if d["status"] == "done" else []}) + "\n")
             counts["documents"] += 1
-        for m in db.rows("SELECT * FROM memories WHERE ns=? AND indexed=1 ORDER BY rowid", (ns,)):
+        for m in db.iter(NAMESPACE_WALK + "SELECT * FROM memories WHERE ns=? AND indexed=1"
+                         " ORDER BY valid_from, rowid", (ns,)):
             history = db.rows("SELECT event, other_id, at, detail FROM history WHERE ns=? AND memory_id=?"
                               " ORDER BY id", (ns, m["id"]))
             out.write(json.dumps({"kind": "fact", **{k: m[k] for k in FACT_FIELDS},
@@ -248,9 +329,10 @@ def import_(db: DB, embedder, settings, lines, *, ns: str | None = None, batch: 
                        now(), now()))
         for m in fact_rows:
             vec = fact_vecs.get(m["id"])
-            c.execute("INSERT INTO memories(%s, ns, metadata, embedding, indexed) VALUES (%s)"
-                      % (", ".join(FACT_FIELDS), ", ".join("?" * (len(FACT_FIELDS) + 4))),
-                      (*(m[k] for k in FACT_FIELDS), ns, json.dumps(m.get("metadata") or {}), vec, 1))
+            c.execute("INSERT INTO memories(%s, ns, metadata, embedding, indexed, content_key) VALUES (%s)"
+                      % (", ".join(FACT_FIELDS), ", ".join("?" * (len(FACT_FIELDS) + 5))),
+                      (*(m[k] for k in FACT_FIELDS), ns, json.dumps(m.get("metadata") or {}), vec, 1,
+                       None if m["erased_at"] else dbm.content_key(m["content"])))
             if vec is not None and m["forgotten_at"] is None:
                 facts.index_memory(c, ns, {"rowid": db.conn.last_insert_rowid(), "content": m["content"],
                                            "embedding": vec})

@@ -15,7 +15,7 @@ import uvicorn
 
 from smem import __version__, archive, auth, config, mcp_server
 from smem.errors import Conflict, NotFound
-from smem.service import Busy, build, open_db, take_lock
+from smem.service import Busy, build, open_db, take_lock, take_users
 
 log = logging.getLogger("smem.cli")
 BACKLOG = 2048   # uvicorn's default
@@ -179,6 +179,12 @@ def _replace_secret(path: str, secret: str) -> None:
 
 def backup(args) -> int:
     try:
+        if args.action == "prune":
+            if not args.erased or args.dir is None:
+                print("smem: backup prune: give --erased and --dir DIR", file=sys.stderr)
+                return 2
+            _print(archive.prune_erased(args.db, args.dir, dry_run=args.dry_run))
+            return 0
         _print(archive.backup(args.db, to=args.to, directory=args.dir, keep=args.keep))
     except (archive.ArchiveError, OSError, apsw.Error) as e:
         print("smem: backup: %s" % e, file=sys.stderr)
@@ -186,11 +192,31 @@ def backup(args) -> int:
     return 0
 
 
-def restore(args) -> int:
+def vacuum(args) -> int:
+    db = open_db(args.db, config.load(args.config), check_embedder=False)
     try:
-        lock = take_lock(args.db)
+        _print(archive.vacuum(db))
+    except apsw.Error as e:
+        print("smem: vacuum: %s" % e, file=sys.stderr)
+        return 1
+    finally:
+        db.close()
+    return 0
+
+
+def restore(args) -> int:
+    locks = []
+    try:
+        archive.check_owner(args.db)   # before any lock file is made as the wrong user
+        locks.append(take_lock(args.db))
+        locks.append(take_users(args.db))
     except Busy as e:
-        print("smem: restore: %s; stop it first (systemctl stop smem)" % e, file=sys.stderr)
+        for fd in locks:
+            os.close(fd)
+        print("smem: restore: %s; stop it first (systemctl stop smem, and any smem mcp)" % e, file=sys.stderr)
+        return 1
+    except archive.ArchiveError as e:
+        print("smem: restore: %s" % e, file=sys.stderr)
         return 1
     try:
         _print(archive.restore(args.backup, args.db, force=args.force))
@@ -198,7 +224,8 @@ def restore(args) -> int:
         print("smem: restore: %s" % e, file=sys.stderr)
         return 1
     finally:
-        os.close(lock)
+        for fd in locks:
+            os.close(fd)
     return 0
 
 
@@ -237,7 +264,8 @@ def mcp(args) -> int:
         return 2
     try:
         settings = config.load(args.config)
-        # No take_lock and no workers: `smem serve` may own this file's queue beside us.
+        # No take_lock and no workers: `smem serve` may own this file's queue beside us. open_db holds
+        # DB.users shared, as serve does: smem restore refuses while this runs.
         app, _ = build(args.db, settings, start_workers=False)
     except (OSError, ValueError) as e:
         print("smem: %s" % e, file=sys.stderr)
@@ -279,7 +307,15 @@ def _archive_parsers(sub) -> None:
     where.add_argument("--to", help="the copy's file")
     where.add_argument("--dir", help="or a directory: smem-<UTC time>.db there")
     b.add_argument("--keep", type=int, help="with --dir: keep only the newest N copies")
+    b.add_argument("action", nargs="?", choices=["prune"],
+                   help="prune --erased --dir DIR: remove the backups taken before the last erase")
+    b.add_argument("--erased", action="store_true", help="with prune: the backups that still hold erased content")
+    b.add_argument("--dry-run", action="store_true", help="with prune: list them, remove nothing")
     b.set_defaults(func=backup)
+    v = sub.add_parser("vacuum", help="shrink the file (free pages out), refresh the planner's statistics")
+    v.add_argument("--db", required=True)
+    v.add_argument("--config")
+    v.set_defaults(func=vacuum)
     r = sub.add_parser("restore", help="a backup as the database (smem serve stopped)")
     r.add_argument("backup")
     r.add_argument("--db", required=True)

@@ -35,6 +35,11 @@ class Settings:
     embed_batch: int = 16
     job_max_attempts: int = 3
     retry_backoff_s: float = 2.0          # a failed stage waits retry_backoff_s * 2**attempts (at most 60 s)
+    # A model call that failed outside the document (node down, timeout, 5xx) spends no attempt: the job waits
+    # transient_backoff_s * 2**n (at most transient_backoff_max_s) and tries the lane again, for this long.
+    transient_retry_s: float = 900.0
+    transient_backoff_s: float = 2.0
+    transient_backoff_max_s: float = 60.0
     poll_interval_s: float = 0.5
     lease_wait_s: float = 5.0             # a job whose lane is all leased away looks again after this
     allow_public_listen: bool = False     # listening on every address (0.0.0.0, ::, a name for one) needs this
@@ -58,6 +63,8 @@ class Settings:
     rerank_top_k: int = 20                # only the fused top k go to the reranker
     rerank_budget_ms: float = 800.0       # over it, search answers unreranked ("reranker" in degraded)
     test_chunk_sleep_s: float = 0.0       # tests only: each chunk's embedding waits this long
+    erase_checkpoint_tries: int = 5       # after an erase, the WAL checkpoint is tried this often
+    erase_checkpoint_wait_s: float = 1.0  # each try waits this long for readers of older snapshots
     # A node whose lanes it shares with the host's LLM workers (roles/llm_workers): a lease drains the
     # node's worker in HAProxy too, through this admin socket, and its end returns it ("": off).
     haproxy_socket: str = ""
@@ -118,6 +125,13 @@ def _validate_retrieval(s: Settings) -> None:
             raise ValueError("%s: a whole number >= 0, got %r" % (key, getattr(s, key)))
     if not isinstance(s.speaker_boost, int | float) or s.speaker_boost < 0:
         raise ValueError("speaker_boost: a number >= 0, got %r" % (s.speaker_boost,))
+    for key in ("transient_retry_s", "transient_backoff_s", "transient_backoff_max_s"):
+        if not isinstance(getattr(s, key), int | float) or getattr(s, key) < 0:
+            raise ValueError("%s: a number of seconds >= 0, got %r" % (key, getattr(s, key)))
+    if not isinstance(s.erase_checkpoint_tries, int) or s.erase_checkpoint_tries < 1:
+        raise ValueError("erase_checkpoint_tries: a whole number >= 1, got %r" % (s.erase_checkpoint_tries,))
+    if not isinstance(s.erase_checkpoint_wait_s, int | float) or s.erase_checkpoint_wait_s < 0:
+        raise ValueError("erase_checkpoint_wait_s: a number >= 0, got %r" % (s.erase_checkpoint_wait_s,))
 
 
 def _validate_lane(s: Settings, name: str) -> None:

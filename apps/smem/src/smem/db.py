@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -118,7 +119,47 @@ def _m5(c: apsw.Connection, dim: int) -> None:
         c.execute("INSERT INTO %s(%s, rank) VALUES ('secure-delete', 1)" % (table, table))
 
 
-MIGRATIONS = [_m1, _m2, _m3, _m4, _m5]
+VEC_CHUNK_SIZE = 64   # vectors sqlite-vec reserves at a time per namespace (its default, 1024, is 1.5 MB each)
+
+
+def content_key(content: str) -> str:
+    """The key two facts share when their text is the same but for case and spacing (text.normalise)."""
+    return hashlib.sha256(" ".join(content.lower().split()).encode()).hexdigest()
+
+
+def _m6(c: apsw.Connection, dim: int) -> None:
+    # Lookups that scanned a namespace get an index each: the exact-duplicate check and forget by content
+    # (content_key), listing documents, counting a namespace's chunks, a document's job.
+    c.execute("ALTER TABLE memories ADD COLUMN content_key TEXT")
+    c.create_scalar_function("smem_content_key", content_key, 1, deterministic=True)
+    c.execute("UPDATE memories SET content_key = smem_content_key(content) WHERE erased_at IS NULL")
+    c.execute("""
+    CREATE INDEX memories_key ON memories(ns, content_key) WHERE content_key IS NOT NULL;
+    CREATE INDEX memories_state ON memories(ns, indexed, forgotten_at, valid_to, erased_at);
+    CREATE INDEX documents_list ON documents(ns, created_at, id);
+    CREATE INDEX documents_status ON documents(ns, status, created_at, id);
+    CREATE INDEX chunks_ns ON chunks(ns, indexed);
+    CREATE INDEX jobs_document ON jobs(document_id);
+    CREATE INDEX documents_state ON documents(status);
+    """)
+    # The vector tables again with a small chunk: sqlite-vec reserved 1,024 vectors for every namespace.
+    dim_of = c.execute("SELECT value FROM meta WHERE key='dim'").fetchone()
+    dim = int(dim_of[0]) if dim_of else dim
+    for table in ("vec_chunks", "vec_memories"):
+        c.execute("CREATE TEMP TABLE keep AS SELECT rowid AS r, ns, embedding FROM %s" % table)
+        c.execute("DROP TABLE %s" % table)
+        c.execute(vec_table_sql(table, dim))
+        c.execute("INSERT INTO %s(rowid, ns, embedding) SELECT r, ns, embedding FROM temp.keep" % table)
+        c.execute("DROP TABLE temp.keep")
+
+
+def vec_table_sql(table: str, dim: int) -> str:
+    # Partition keys: a KNN query names one namespace and sqlite-vec scans only that partition.
+    return ("CREATE VIRTUAL TABLE %s USING vec0(ns text partition key, embedding float[%d] distance_metric=cosine,"
+            " chunk_size=%d)" % (table, dim, VEC_CHUNK_SIZE))
+
+
+MIGRATIONS = [_m1, _m2, _m3, _m4, _m5, _m6]
 VERSION = len(MIGRATIONS)
 
 
@@ -214,12 +255,28 @@ class DB:
         return c
 
     def rows(self, sql: str, params=()) -> list[dict]:
+        return list(self.iter(sql, params))
+
+    def iter(self, sql: str, params=()):
+        """The rows as dicts, one at a time (a namespace's export does not sit in memory whole)."""
         cur = self.conn.execute(sql, params)
-        out = []
+        names = None
         for row in cur:
-            names = [d[0] for d in cur.get_description()]
-            out.append(dict(zip(names, row, strict=True)))
-        return out
+            names = names or [d[0] for d in cur.get_description()]
+            yield dict(zip(names, row, strict=True))
+
+    @contextmanager
+    def snapshot(self):
+        """A read transaction: every read inside sees one moment of the file, and no writer waits for it
+        (WAL: readers and the writer do not block each other)."""
+        c = self.conn
+        c.execute("BEGIN DEFERRED")
+        try:
+            c.execute("SELECT 1 FROM meta LIMIT 1").fetchall()   # the snapshot starts at the first read
+            yield c
+        finally:
+            if c.in_transaction:
+                c.execute("COMMIT")
 
     def one(self, sql: str, params=()) -> dict | None:
         r = self.rows(sql, params)
@@ -247,10 +304,25 @@ class DB:
         c.execute("INSERT INTO history(ns, memory_id, event, other_id, at, detail) VALUES (?,?,?,?,?,?)",
                   (ns, memory_id, event, other_id, now(), json.dumps(detail)))
 
-    def checkpoint(self) -> tuple[int, int, int]:
+    def checkpoint(self, wait_s: float | None = None) -> tuple[int, int, int]:
         """Copies the WAL into the file and truncates it (busy, frames in the WAL, frames copied):
-        after it, what was deleted (and overwritten, secure_delete) is in neither file."""
-        return self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        after it, what was deleted (and overwritten, secure_delete) is in neither file. busy 1: a reader
+        of an older snapshot (or a writer) kept it from finishing within wait_s (default: the busy timeout)."""
+        c = self.conn
+        if wait_s is not None:
+            c.set_busy_timeout(int(wait_s * 1000))
+        try:
+            return c.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except apsw.BusyError:
+            return (1, -1, -1)
+        finally:
+            if wait_s is not None:
+                c.set_busy_timeout(30_000)
+
+    def mark_erase(self, c) -> None:
+        """When content was last erased: a backup older than this still holds it (smem backup prune --erased)."""
+        c.execute("INSERT INTO meta VALUES ('last_erase_at', ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                  (now(),))
 
     def close(self) -> None:
         """Every thread's connection; the last one to close checkpoints the WAL into the file."""

@@ -8,10 +8,14 @@ import hashlib
 
 import numpy as np
 
-from smem.db import DB, now, vec_blob
-from smem.text import date_label, index_texts, normalise
+from smem.db import DB, content_key, now, vec_blob
+from smem.text import date_label, index_texts
 
-CURRENT = "valid_to IS NULL AND forgotten_at IS NULL"
+# "In force", the one way it is written: a fact (alias m) in the indexes, not forgotten, and valid at :t in
+# the world's time. CURRENT is the same at "now" regardless of validFrom: not closed, not forgotten.
+IN_FORCE_AT = ("m.indexed = 1 AND m.forgotten_at IS NULL AND m.valid_from <= :t"
+               " AND (m.valid_to IS NULL OR m.valid_to > :t)")
+CURRENT = "m.indexed = 1 AND m.valid_to IS NULL AND m.forgotten_at IS NULL"
 
 
 def index_memory(c, ns: str, m: dict) -> None:
@@ -55,7 +59,8 @@ def forget(db: DB, c, ns: str, m: dict, *, erase: bool, event: str = "forgotten"
         db.history(c, ns, m["id"], event, None, **detail)
     if erase and m.get("erased_at") is None:
         digest = content_hash(m["content"])
-        c.execute("UPDATE memories SET content='', embedding=NULL, metadata='{}', erased_at=? WHERE rowid=?",
+        c.execute("UPDATE memories SET content='', content_key=NULL, embedding=NULL, metadata='{}', erased_at=?"
+                  " WHERE rowid=?",
                   (t, m["rowid"]))
         c.execute("UPDATE history SET detail='{}' WHERE ns=? AND memory_id=?", (ns, m["id"]))
         db.history(c, ns, m["id"], "erased", None, contentHash=digest)
@@ -64,7 +69,7 @@ def forget(db: DB, c, ns: str, m: dict, *, erase: bool, event: str = "forgotten"
 def retire_document_facts(db: DB, c, ns: str, doc_id: str, *, erase: bool) -> int:
     """A deleted document's facts: the pending ones dropped, the indexed ones forgotten ("retired")."""
     c.execute("DELETE FROM memories WHERE document_id=? AND indexed=0", (doc_id,))
-    rows = db.rows("SELECT * FROM memories WHERE document_id=? AND ns=?", (doc_id, ns))
+    rows = db.rows("SELECT * FROM memories INDEXED BY memories_document WHERE document_id=? AND ns=?", (doc_id, ns))
     for m in rows:
         forget(db, c, ns, m, erase=erase, event="retired", documentId=doc_id)
     return len(rows)
@@ -72,7 +77,8 @@ def retire_document_facts(db: DB, c, ns: str, doc_id: str, *, erase: bool) -> in
 
 def supersede_document_facts(db: DB, c, ns: str, doc_id: str, at: str) -> int:
     """A document replaced (its customId posted again): the old version's current facts close at `at`."""
-    rows = db.rows("SELECT id, valid_from FROM memories WHERE document_id=? AND ns=? AND indexed=1 AND " + CURRENT,
+    rows = db.rows("SELECT m.id, m.valid_from FROM memories m INDEXED BY memories_document WHERE m.document_id=?"
+                   " AND m.ns=? AND " + CURRENT,
                    (doc_id, ns))
     for m in rows:
         c.execute("UPDATE memories SET valid_to=max(valid_from, ?), expired_at=? WHERE id=?", (at, now(), m["id"]))
@@ -80,30 +86,56 @@ def supersede_document_facts(db: DB, c, ns: str, doc_id: str, at: str) -> int:
     return len(rows)
 
 
-def find_duplicate(db: DB, ns: str, content: str, vector: np.ndarray, near: float) -> str | None:
-    """An exact (normalised) or near (cosine >= near) duplicate among the namespace's current facts."""
-    key = normalise(content)
-    for m in db.rows("SELECT id, content FROM memories WHERE ns=? AND indexed=1 AND " + CURRENT, (ns,)):
-        if normalise(m["content"]) == key:
-            return m["id"]
-    for hit in db.rows("SELECT rowid, distance FROM vec_memories WHERE embedding MATCH ? AND k = 10 AND ns = ?",
-                       (vec_blob(vector), ns)):
-        if 1 - hit["distance"] < near:
+def exact_duplicate(db: DB, ns: str, content: str) -> str | None:
+    """A current fact of the namespace with the same text but for case and spacing (an index lookup)."""
+    return db.scalar("SELECT m.id FROM memories m WHERE m.ns = ? AND m.content_key = ? AND " + CURRENT +
+                     " ORDER BY m.rowid LIMIT 1", (ns, content_key(content)))
+
+
+def near_duplicate(db: DB, ns: str, vector: np.ndarray, near: float, k: int = 10) -> str | None:
+    """A current fact of the namespace with cosine >= near, among the k nearest vectors."""
+    for m in nearest(db, ns, vector, k):
+        if 1 - m["distance"] < near:
             break
-        m = db.one("SELECT id FROM memories WHERE rowid=? AND " + CURRENT, (hit["rowid"],))
-        if m:
-            return m["id"]
+        return m["id"]
     return None
+
+
+def nearest(db: DB, ns: str, vector: np.ndarray, k: int) -> list[dict]:
+    """The current facts among the k nearest vectors of the namespace, nearest first: {id, content, distance}."""
+    return db.rows("SELECT m.id, m.content, v.distance FROM (SELECT rowid AS r, distance FROM vec_memories"
+                   " WHERE embedding MATCH ? AND k = ? AND ns = ?) v CROSS JOIN memories m ON m.rowid = v.r"
+                   " WHERE " + CURRENT + " ORDER BY v.distance", (vec_blob(vector), k, ns))
+
+
+def find_duplicate(db: DB, ns: str, content: str, vector: np.ndarray, near: float) -> str | None:
+    """An exact (normalised) or near (cosine >= near) duplicate among the namespace's current facts:
+    an index lookup and one bounded KNN query, whatever the namespace's size."""
+    return exact_duplicate(db, ns, content) or near_duplicate(db, ns, vector, near)
+
+
+def newer_duplicate(db: DB, ns: str, content: str, vector: np.ndarray, *, near: float, after: int) -> str | None:
+    """The re-check under the write lock of a duplicate check made before it: a fact written since
+    (rowid >= after) that duplicates this one; the facts written meanwhile, not the namespace, are read."""
+    key = content_key(content)
+    v = np.asarray(vector, np.float32)
+    # NOT INDEXED: the rowid range is the few rows written since; an index on ns would be the namespace.
+    for m in db.rows("SELECT m.id, m.content_key, m.embedding FROM memories m NOT INDEXED WHERE m.ns = ?"
+                     " AND m.rowid >= ? AND " + CURRENT + " ORDER BY m.rowid", (ns, after)):
+        if m["content_key"] == key:
+            return m["id"]
+        if m["embedding"] is not None:
+            e = np.frombuffer(m["embedding"], np.float32)
+            if float(e @ v) / (float(np.linalg.norm(e) * np.linalg.norm(v)) or 1.0) >= near:
+                return m["id"]
+    return None
+
+
+def last_rowid(db: DB) -> int:
+    return db.scalar("SELECT max(rowid) FROM memories") or 0
 
 
 def nearest_current(db: DB, ns: str, vector: np.ndarray, k: int, close: float) -> list[dict]:
     """Up to k current facts of the namespace with cosine >= close to vector, nearest first."""
-    out = []
-    for hit in db.rows("SELECT rowid, distance FROM vec_memories WHERE embedding MATCH ? AND k = ? AND ns = ?",
-                       (vec_blob(vector), 4 * k, ns)):
-        if 1 - hit["distance"] < close or len(out) >= k:
-            break
-        m = db.one("SELECT id, content FROM memories WHERE rowid=? AND " + CURRENT, (hit["rowid"],))
-        if m:
-            out.append(m)
-    return out
+    return [{"id": m["id"], "content": m["content"]} for m in nearest(db, ns, vector, 4 * k)
+            if 1 - m["distance"] >= close][:k]

@@ -14,8 +14,8 @@ import apsw
 
 from smem import facts
 from smem.config import Settings
-from smem.db import DB, new_id, now, vec_blob
-from smem.embed import Embedder
+from smem.db import DB, content_key, new_id, now, vec_blob
+from smem.embed import Embedder, EmbedderError
 from smem.extract import ExtractionError, Extractor, nearest, window_text, windows
 from smem.jobqueue import JobQueue, Lost
 from smem.judge import Judge, JudgeFailed
@@ -69,11 +69,17 @@ class Pipeline:
         except apsw.Error:
             raise   # the database's trouble (disk full, I/O), not the document's: the worker retries it
         except NoNode as e:
-            if not e.leased_only:
+            if not e.leased_only:   # the nodes' fault, not the document's: retried for minutes
                 log.warning("job %s stage %s: %s", job["id"], job["stage"], e)
-                self.queue.failed_attempt(job, "%s: %s" % (job["stage"], e))
+                self.queue.transient(job, "%s: %s" % (job["stage"], e))
             else:   # the render farm has the lane's nodes: wait for them, no attempt spent
                 self.queue.wait(job, "%s: %s" % (job["stage"], e))
+        except EmbedderError as e:
+            log.warning("job %s stage %s: %s", job["id"], job["stage"], e)
+            if getattr(e, "transient", False):
+                self.queue.transient(job, "%s: %s" % (job["stage"], e))
+            else:
+                self.queue.failed_attempt(job, "%s: %s" % (job["stage"], e))
         except FinalFailure as e:
             log.warning("job %s stage %s: %s", job["id"], job["stage"], e)
             self.queue.failed_attempt(job, "%s: %s" % (job["stage"], e), final=True, result=e.result)
@@ -172,10 +178,11 @@ class Pipeline:
                     at = owner[f.line] if f.line is not None and 0 <= f.line < len(owner) else \
                         nearest([ch["embedding"] for ch in part], v)
                     source = part[at]["id"]
-                    c.execute("INSERT INTO memories(id, ns, content, valid_from, recorded_at, origin, document_id,"
-                              " source_chunk_id, model, prompt_hash, embedding)"
-                              " VALUES (?,?,?,?,?,'extracted',?,?,?,?,?)",
-                              (new_id("mem"), job["ns"], f.content, f.valid_at or (doc and doc["valid_at"]) or t, t,
+                    c.execute("INSERT INTO memories(id, ns, content, content_key, valid_from, recorded_at, origin,"
+                              " document_id, source_chunk_id, model, prompt_hash, embedding)"
+                              " VALUES (?,?,?,?,?,?,'extracted',?,?,?,?,?)",
+                              (new_id("mem"), job["ns"], f.content, content_key(f.content),
+                               f.valid_at or (doc and doc["valid_at"]) or t, t,
                                job["document_id"], source, self.extractor.model, self.extractor.prompt_hash,
                                vec_blob(v)))
                 progress = {**progress, "windowsDone": progress["windowsDone"] + 1, "chunksDone": end,
@@ -200,6 +207,7 @@ class Pipeline:
                                " AND indexed=0 ORDER BY rowid", (job["document_id"],))
         skipped = stages.get("extract", {}).get("state") == "skipped"
         # The LLM is asked outside the write transaction; the transaction checks the targets are still current.
+        seen = facts.last_rowid(self.db)
         decisions = [] if skipped else [(m, self._decide(job["ns"], m)) for m in pending]
         with self.db.tx() as c:
             stages = self._mine(c, job)
@@ -209,13 +217,15 @@ class Pipeline:
                 n = dict.fromkeys(self.judge.decisions, 0)
 
                 def current(target: str) -> str | None:
-                    return self.db.scalar("SELECT valid_from FROM memories WHERE id=? AND indexed=1 AND "
-                                          + facts.CURRENT, (target,))
+                    return self.db.scalar("SELECT m.valid_from FROM memories m WHERE m.id=? AND " + facts.CURRENT,
+                                          (target,))
+                # Decided outside the lock: a fact written since then may duplicate one called new.
+                decisions = [(m, self.judge.recheck(job["ns"], m, d, seen)) for m, d in decisions]
                 for m, kind, target in self.judge.settle(decisions, current):
                     if kind == "duplicate":
                         c.execute("DELETE FROM memories WHERE id=?", (m["id"],))
                         self.db.history(c, job["ns"], target, "duplicate", None, documentId=job["document_id"],
-                                        content=m["content"])
+                                        contentHash=facts.content_hash(m["content"]))
                     elif kind in ("supersedes", "extends"):
                         c.execute("UPDATE memories SET %s=? WHERE id=?" % kind, (target, m["id"]))
                     n[kind] += 1

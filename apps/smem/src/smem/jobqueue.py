@@ -96,6 +96,7 @@ class JobQueue:
 
     def advance(self, c, job: dict, stages: dict, name: str, result, *, nxt: str, status: str | None = None) -> None:
         stages[name] = result
+        stages.pop("transient", None)   # the lane answered: a later fault starts its own window
         c.execute("UPDATE jobs SET stage=?, stages=?, updated_at=? WHERE id=?",
                   (nxt, json.dumps(stages), now(), job["id"]))
         if status:
@@ -123,6 +124,33 @@ class JobQueue:
                 wait = min(self.settings.retry_backoff_s * 2 ** attempts, 60)
                 c.execute("UPDATE jobs SET state='queued', attempts=?, stages=?, owner=NULL, run_after=?, updated_at=?"
                           " WHERE id=?", (attempts, json.dumps(stages), later(wait), now(), job["id"]))
+
+    def transient(self, job: dict, reason: str) -> None:
+        """A model call failed outside the document (its nodes down, out of time, 5xx): no attempt spent;
+        back to the queue with a growing wait, by which time a restarted node is back and a node marked
+        down is tried again; failed (saying so) only when this has gone on for transient_retry_s."""
+        s = self.settings
+        with self.db.tx() as c:
+            row = self.db.one("SELECT owner, stages FROM jobs WHERE id=?", (job["id"],))
+            if row is None or row["owner"] != job["owner"]:
+                return
+            stages = json.loads(row["stages"])
+            t = now()
+            fault = stages.get("transient") or {"since": t, "tries": 0}
+            fault = {**fault, "tries": fault["tries"] + 1, "stage": job["stage"], "error": reason, "at": t}
+            stages["transient"] = fault
+            if age_s(fault["since"]) >= s.transient_retry_s:
+                why = "%s (the lane's nodes failed for %.0f s, %d tries)" % (reason, age_s(fault["since"]),
+                                                                             fault["tries"])
+                c.execute("UPDATE jobs SET state='failed', error=?, stages=?, owner=NULL, updated_at=? WHERE id=?",
+                          (why, json.dumps(stages), t, job["id"]))
+                c.execute("UPDATE documents SET status='failed', error=?, updated_at=? WHERE id=?",
+                          (why, t, job["document_id"]))
+                c.execute("DELETE FROM memories WHERE document_id=? AND indexed=0", (job["document_id"],))
+                return
+            wait = min(s.transient_backoff_s * 2 ** (fault["tries"] - 1), s.transient_backoff_max_s)
+            c.execute("UPDATE jobs SET state='queued', stages=?, owner=NULL, run_after=?, updated_at=? WHERE id=?",
+                      (json.dumps(stages), later(wait), t, job["id"]))
 
     def wait(self, job: dict, reason: str) -> None:
         """Back to the queue after lease_wait_s, no attempt spent (the lane's nodes are leased away)."""

@@ -8,7 +8,7 @@ import numpy as np
 from smem.config import Settings
 from smem.db import DB
 from smem.extract import ExtractionError
-from smem.facts import find_duplicate, nearest_current
+from smem.facts import find_duplicate, nearest_current, newer_duplicate
 
 
 class JudgeFailed(Exception):
@@ -42,6 +42,15 @@ class Judge:
             return self.llm.decide(m["content"], close)
         except ExtractionError as e:
             raise JudgeFailed(str(e), {"state": "failed", "memory": m["id"], "reason": str(e)}) from e
+
+    def recheck(self, ns: str, m: dict, d: dict, after: int) -> dict:
+        """Under the write lock: a "new" decision made before it, against the facts written since (rowid >=
+        after) only; a duplicate among them makes it a duplicate."""
+        if d["decision"] != "new":
+            return d
+        vector = np.frombuffer(m["embedding"], np.float32)
+        same = newer_duplicate(self.db, ns, m["content"], vector, near=self.settings.near_duplicate, after=after)
+        return {"decision": "duplicate", "target": same} if same else d
 
     def settle(self, decisions: list[tuple[dict, dict]], current) -> list[tuple[dict, str, str | None]]:
         """The decisions as they may be applied now: current(target) is the target's valid_from if it is

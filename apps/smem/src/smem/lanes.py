@@ -74,6 +74,8 @@ class Server:
     down_until: float = 0.0    # epoch seconds
     auth_error: str | None = None   # why its last call got a 401 (cleared by one that is answered)
     key: str = field(default="", repr=False)
+    late_until: float = 0.0    # epoch seconds: it ran past its share of a budget; equally busy nodes go first
+    until: float | None = None  # this try's own deadline (time.monotonic()), set by Lanes.call
 
     @property
     def label(self) -> str:
@@ -176,7 +178,10 @@ class Lanes:
                     down.append(s.label)
                 continue
             free.append(s)
-        return min(free, key=lambda s: s.inflight) if free else None
+        if not free:
+            return None
+        # Least busy; between equally busy ones, one that ran late lately goes after the others (then the first).
+        return min(free, key=lambda s: (s.inflight, s.late_until > t))
 
     def _none_left(self, lane: str, role: str, down: list[str], errors: list[str]) -> NoNode:
         group = self.servers.get((lane, role), [])
@@ -194,9 +199,28 @@ class Lanes:
         return NoNode("no %s node in the %s lane could answer (%s)" % (role, lane, "; ".join(why) or "none configured"),
                       down, leased_only=bool(leased) and not down and not errors)
 
+    def _share_left(self, lane: str, role: str, s: Server, tried: set) -> int:
+        """How many servers the rest of a budget is split over: s and the healthy ones not yet tried."""
+        t = time.time()
+        return 1 + sum(1 for x in self.servers.get((lane, role), []) if x not in tried and x is not s
+                       and x.down_until <= t and not self._lease_of(x.node))
+
+    def _skip(self, s: Server, role: str, e: Exception, down: list[str], errors: list[str]) -> None:
+        """s failed (NodeDown, a 401): skipped for down_s, so that the lane's other nodes answer; a 401 is
+        logged as what it is."""
+        if isinstance(e, Unauthorized):
+            s.auth_error = str(e)
+            log.error("%s %s: skipped for %.0f s: %s", s.label, role, self.down_s, e)
+        else:
+            log.warning("%s %s: down for %.0f s: %s", s.label, role, self.down_s, e)
+        s.down_until = time.time() + self.down_s
+        down.append(s.label)
+        errors.append(str(e))
+
     def call(self, lane: str, role: str, fn: Callable[[Server], object], deadline: float | None = None) -> Answer:
         """fn(server) on the least-busy healthy unleased server; NodeDown (or Unauthorized) moves on, NoNode
-        when none is left (or when time.monotonic() passes deadline)."""
+        when none is left (or when time.monotonic() passes deadline). Within a deadline each try gets its
+        share of the time left (server.until): a slow node leaves time for the next."""
         tried: set[Server] = set()
         down: list[str] = []
         errors: list[str] = []
@@ -208,7 +232,10 @@ class Lanes:
                 if s is None:
                     raise self._none_left(lane, role, down, errors)
                 s.inflight += 1
+                left = self._share_left(lane, role, s, tried)
             tried.add(s)
+            started = time.monotonic()
+            s.until = None if deadline is None else started + (deadline - started) / left
             try:
                 wait = self.timeout(lane)
                 if deadline is not None:   # the caller's budget bounds the wait for a slot too
@@ -227,17 +254,15 @@ class Lanes:
                 finally:
                     s.sem.release()
             except OutOfTime as e:
-                raise NoNode("%s in the %s lane: out of time (%s)" % (role, lane, e), down) from e
-            except (NodeDown, Unauthorized) as e:
-                # Skipped alike, so that the lane's other nodes answer; a 401 is logged as what it is.
-                if isinstance(e, Unauthorized):
-                    s.auth_error = str(e)
-                    log.error("%s %s: skipped for %.0f s: %s", s.label, role, self.down_s, e)
-                else:
-                    log.warning("%s %s: down for %.0f s: %s", s.label, role, self.down_s, e)
-                s.down_until = time.time() + self.down_s
-                down.append(s.label)
+                # Slow for this call, not broken: not marked down, but for down_s it goes after the lane's
+                # other idle nodes; the rest of the budget goes to the next node.
+                log.info("%s %s: past its share of the budget: %s", s.label, role, e)
+                s.late_until = time.time() + self.down_s
                 errors.append(str(e))
+                if deadline is None or time.monotonic() >= deadline:
+                    raise NoNode("%s in the %s lane: out of time (%s)" % (role, lane, e), down) from e
+            except (NodeDown, Unauthorized) as e:
+                self._skip(s, role, e, down, errors)
             finally:
                 with self.cond:
                     s.inflight -= 1
@@ -312,6 +337,7 @@ class LaneEmbedder:
             return Answer(np.zeros((0, self.dim), dtype=np.float32), "none")
         down: list[str] = []
         errors = []
+        refused = False
         for lane in (self.lane, self.fallback):
             if lane is None:
                 continue
@@ -326,9 +352,11 @@ class LaneEmbedder:
                 raise   # the same input is as large for the fallback lane
             except Refused as e:
                 errors.append(str(e))
+                refused = True
                 break
         err = EmbedderError("; ".join(errors))
         err.down = down
+        err.transient = not refused   # nodes down or out of time: worth retrying; a refusal is not
         raise err
 
     def embed(self, texts: list[str]) -> np.ndarray:
@@ -375,8 +403,9 @@ class LaneReranker:
         deadline = time.monotonic() + budget_s
 
         def fn(s: Server) -> list[float]:
+            until = min(deadline, s.until or deadline)   # this node's share of the budget
             data = s.post("/v1/rerank", {"model": self.model, "query": query, "documents": documents,
-                                         "top_n": len(documents)}, timeout=max(deadline - time.monotonic(), 0.001))
+                                         "top_n": len(documents)}, timeout=max(until - time.monotonic(), 0.001))
             scores = _shape("rerank", s, lambda: {int(r["index"]): float(r["relevance_score"])
                                                   for r in data["results"]})
             if sorted(scores) != list(range(len(documents))):

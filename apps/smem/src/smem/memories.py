@@ -5,12 +5,10 @@ from __future__ import annotations
 import json
 
 from smem import facts
-from smem.db import DB, new_id, now, vec_blob
+from smem.db import DB, content_key, new_id, now, vec_blob
 from smem.embed import Embedder
 from smem.errors import Conflict, NotFound
-from smem.facts import find_duplicate, index_memory
-from smem.search import FACT_AT
-from smem.text import normalise
+from smem.facts import IN_FORCE_AT, index_memory
 
 
 def public(m: dict) -> dict:
@@ -27,6 +25,10 @@ def add(db: DB, embedder: Embedder, near: float, ns: str, content: str, *, valid
     vector = embedder.embed([content])[0]  # before the transaction: a failing embedder changes nothing
     t = now()
     valid_from = valid_at or t
+    # The duplicate check reads outside the write lock (an index lookup and a KNN query); under it, only
+    # the candidate and the facts written since are looked at again.
+    seen = facts.last_rowid(db)
+    same = None if supersedes else facts.find_duplicate(db, ns, content, vector, near)
     with db.tx() as c:
         if supersedes:
             old = db.one("SELECT * FROM memories WHERE id=? AND ns=? AND forgotten_at IS NULL AND indexed=1",
@@ -39,14 +41,18 @@ def add(db: DB, embedder: Embedder, near: float, ns: str, content: str, *, valid
                 raise Conflict("validAt %s is not after the superseded fact's validFrom %s"
                                % (valid_from, old["valid_from"]))
         else:
-            same = find_duplicate(db, ns, content, vector, near)
+            if same and not db.scalar("SELECT 1 FROM memories m WHERE m.id = ? AND " + facts.CURRENT, (same,)):
+                same = facts.find_duplicate(db, ns, content, vector, near)   # closed meantime: look again
+            same = same or facts.newer_duplicate(db, ns, content, vector, near=near, after=seen)
             if same:
-                db.history(c, ns, same, "duplicate", None, content=content)
+                # A reference to what was posted, not the text again: a repeated POST does not grow the file.
+                db.history(c, ns, same, "duplicate", None, contentHash=facts.content_hash(content))
                 return {**public(db.one("SELECT * FROM memories WHERE id=?", (same,))), "duplicate": True}
         mem_id = new_id("mem")
-        c.execute("INSERT INTO memories(id, ns, content, valid_from, recorded_at, supersedes, origin, embedding,"
-                  " metadata) VALUES (?,?,?,?,?,?,'user',?,?)",
-                  (mem_id, ns, content, valid_from, t, supersedes, vec_blob(vector), json.dumps(metadata or {})))
+        c.execute("INSERT INTO memories(id, ns, content, content_key, valid_from, recorded_at, supersedes, origin,"
+                  " embedding, metadata) VALUES (?,?,?,?,?,?,?,'user',?,?)",
+                  (mem_id, ns, content, content_key(content), valid_from, t, supersedes, vec_blob(vector),
+                   json.dumps(metadata or {})))
         row = db.one("SELECT rowid, id, content, embedding FROM memories WHERE id=?", (mem_id,))
         index_memory(c, ns, row)
         db.history(c, ns, mem_id, "created", supersedes)
@@ -69,7 +75,7 @@ def page_at(db: DB, ns: str, t: str | None, limit: int, after: list | None = Non
     if after:
         where = " AND (m.valid_from < :vf OR (m.valid_from = :vf AND m.rowid < :r))"
         params.update(vf=after[0], r=after[1])
-    rows = db.rows("SELECT m.* FROM memories m WHERE m.ns = :ns AND " + FACT_AT + where +
+    rows = db.rows("SELECT m.* FROM memories m WHERE m.ns = :ns AND " + IN_FORCE_AT + where +
                    " ORDER BY m.valid_from DESC, m.rowid DESC LIMIT :n", params)
     more = len(rows) > limit
     rows = rows[:limit]
@@ -84,36 +90,37 @@ def history(db: DB, ns: str, memory_id: str) -> list[dict]:
 def forget(db: DB, ns: str, memory_id: str | None, content: str | None, dry_run: bool, *,
            erase: bool = False) -> dict:
     """Out of every index; erase: the content, embedding and history details gone for good too (a
-    tombstone with the content's hash stays). An already forgotten fact can still be erased."""
+    tombstone with the content's hash stays). An already forgotten fact can still be erased.
+    By id one row is read; by content, the facts with its key (an index lookup)."""
+    cond = "m.indexed = 1 AND m.erased_at IS NULL" + ("" if erase else " AND m.forgotten_at IS NULL")
     with db.tx() as c:
-        cond = "indexed=1" if erase else "indexed=1 AND forgotten_at IS NULL"
-        live = db.rows("SELECT * FROM memories WHERE ns=? AND erased_at IS NULL AND " + cond, (ns,))
         if memory_id:
-            targets = [m for m in live if m["id"] == memory_id]
+            targets = db.rows("SELECT m.* FROM memories m WHERE m.id = ? AND m.ns = ? AND " + cond, (memory_id, ns))
             if not targets:
                 raise NotFound("no memory %s in this namespace" % memory_id)
         else:
-            key = normalise(content)
-            targets = [m for m in live if normalise(m["content"]) == key]
+            targets = db.rows("SELECT m.* FROM memories m WHERE m.ns = ? AND m.content_key = ? AND " + cond +
+                              " ORDER BY m.rowid", (ns, content_key(content)))
         if not dry_run:
             for m in targets:
                 facts.forget(db, c, ns, m, erase=erase)
+            if erase and targets:
+                db.mark_erase(c)
     return {"dryRun": dry_run, "erased": erase, "forgotten": [public(m) for m in targets]}
 
 
 def profile(db: DB, ns: str) -> dict:
     docs = dict(db.conn.execute("SELECT status, count(*) FROM documents WHERE ns=? GROUP BY status", (ns,)).fetchall())
+    # One pass over a covering index (memories_state): the namespace's rows are counted, never read.
+    counts = db.one("SELECT count(*) FILTER (WHERE indexed = 1 AND valid_to IS NULL AND forgotten_at IS NULL)"
+                    " AS current, count(*) FILTER (WHERE valid_to IS NOT NULL AND forgotten_at IS NULL) AS superseded,"
+                    " count(*) FILTER (WHERE forgotten_at IS NOT NULL) AS forgotten,"
+                    " count(*) FILTER (WHERE erased_at IS NOT NULL) AS erased"
+                    " FROM memories INDEXED BY memories_state WHERE ns = ?", (ns,))
     return {
         "namespace": ns,
         "documents": docs,
         "chunks": db.scalar("SELECT count(*) FROM chunks WHERE ns=? AND indexed=1", (ns,)),
-        "memories": {
-            "current": db.scalar("SELECT count(*) FROM memories WHERE ns=? AND indexed=1 AND valid_to IS NULL"
-                                 " AND forgotten_at IS NULL", (ns,)),
-            "superseded": db.scalar("SELECT count(*) FROM memories WHERE ns=? AND valid_to IS NOT NULL"
-                                    " AND forgotten_at IS NULL", (ns,)),
-            "forgotten": db.scalar("SELECT count(*) FROM memories WHERE ns=? AND forgotten_at IS NOT NULL", (ns,)),
-            "erased": db.scalar("SELECT count(*) FROM memories WHERE ns=? AND erased_at IS NOT NULL", (ns,)),
-        },
+        "memories": counts,
         "newestFacts": list_at(db, ns, None, limit=5),
     }

@@ -132,6 +132,13 @@ def decode_cursor(cursor: str | None) -> list | None:
     raise ServiceError(400, "cursor: not one this server gave (pass nextCursor back as it is)")
 
 
+def distinct_ns(db: DB, table: str) -> list[str]:
+    """The namespaces with a row in table, one index seek each (not a pass over every row)."""
+    return [r[0] for r in db.conn.execute(
+        "WITH RECURSIVE n(ns) AS (SELECT min(ns) FROM %s UNION ALL SELECT (SELECT min(ns) FROM %s WHERE ns > n.ns)"
+        " FROM n WHERE n.ns IS NOT NULL) SELECT ns FROM n WHERE ns IS NOT NULL" % (table, table))]
+
+
 class Ops:
     def __init__(self, db: DB, settings, pipeline, embedder, *, reranker=None, leases=None, lanes=None,
                  supervisor=None, metrics: Metrics | None = None):
@@ -227,17 +234,26 @@ class Ops:
             facts.drop_chunk_index(c, doc_id)
             retired = facts.retire_document_facts(self.db, c, ns, doc_id, erase=erase)
             c.execute("DELETE FROM documents WHERE id=?", (doc_id,))  # chunks and jobs cascade
-        self._after_erase()
-        return {"id": doc_id, "deleted": True, "factsRetired": retired, "erased": erase}
+            self.db.mark_erase(c)
+        out = {"id": doc_id, "deleted": True, "factsRetired": retired, "erased": erase}
+        return {**out, **self._after_erase(erase)}
 
-    def _after_erase(self) -> None:
-        # The deleted pages are overwritten in the WAL; copied into the file and the WAL truncated, no
-        # copy is left anywhere. Readers may hold the WAL: then the next checkpoint (at the latest a
-        # clean stop) finishes it.
-        try:
-            self.db.checkpoint()
-        except Exception as e:
-            log.warning("checkpoint after an erase: %s", e)
+    def _after_erase(self, erased: bool) -> dict:
+        """The deleted pages are overwritten in the WAL; copied into the file and the WAL truncated, no copy
+        is left anywhere. A reader of an older snapshot keeps the WAL: the checkpoint is tried again, a
+        bounded number of times; if it still cannot finish, the answer says the erase is pending and why
+        (the next checkpoint, `smem vacuum` or a clean stop finishes it)."""
+        s = self.settings
+        for attempt in range(max(1, s.erase_checkpoint_tries)):
+            busy, wal, copied = self.db.checkpoint(wait_s=s.erase_checkpoint_wait_s)
+            if not busy:
+                return {}
+            log.info("checkpoint after a delete, try %d: busy (%s of %s WAL frames copied)", attempt + 1, copied, wal)
+        reason = ("the WAL still holds the deleted pages: a reader of an older snapshot kept the checkpoint from"
+                  " finishing (%d tries, %.1f s each); the next checkpoint, smem vacuum or a clean stop removes them"
+                  % (s.erase_checkpoint_tries, s.erase_checkpoint_wait_s))
+        log.warning("erase pending: %s", reason)
+        return {"erased": "pending", "erasePending": reason} if erased else {"walPending": reason}
 
     # -- search and facts ------------------------------------------------------------------
     def search(self, p, ns: str | None, body: dict) -> dict:
@@ -279,18 +295,18 @@ class Ops:
         out = memories.forget(self.db, ns, b.get("id"), b.get("content"), b.get("dryRun", False),
                               erase=b.get("erase", False))
         if out["erased"] and not out["dryRun"]:
-            self._after_erase()
+            out.update(self._after_erase(True))
         return out
 
     def profile(self, p, ns: str | None) -> dict:
         return memories.profile(self.db, self.ns(p, ns, "read"))
 
     def namespaces(self, p) -> list[dict]:
-        seen = {r["ns"] for r in self.db.rows("SELECT ns FROM documents UNION SELECT ns FROM memories")}
-        names = sorted(seen | p.namespaces) if p.admin else sorted(p.namespaces)
+        seen = set(distinct_ns(self.db, "documents")) | set(distinct_ns(self.db, "memories")) if p.admin else set()
+        names = sorted(seen | p.namespaces)
         return [{"name": n, "documents": self.db.scalar("SELECT count(*) FROM documents WHERE ns=?", (n,)),
-                 "memories": self.db.scalar("SELECT count(*) FROM memories WHERE ns=? AND indexed=1 AND "
-                                            + facts.CURRENT, (n,))} for n in names]
+                 "memories": self.db.scalar("SELECT count(*) FROM memories m INDEXED BY memories_state"
+                                            " WHERE m.ns=? AND " + facts.CURRENT, (n,))} for n in names]
 
     # -- tokens (admin) --------------------------------------------------------------------
     def list_tokens(self, p) -> dict:

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from smem import fusion
+from smem import facts, fusion
 from smem.config import Settings
 from smem.db import DB, now, vec_blob
 from smem.embed import Embedder
@@ -17,9 +17,7 @@ from smem.text import estimate_tokens, speaker
 
 MODES = ("hybrid", "memories", "chunks")
 
-# A fact is in force at t (the world's time) and not forgotten; smem never returns forgotten facts.
-FACT_AT = ("m.indexed = 1 AND m.forgotten_at IS NULL AND m.valid_from <= :t"
-           " AND (m.valid_to IS NULL OR m.valid_to > :t)")
+FACT_AT = facts.IN_FORCE_AT
 CHUNK_AT = "c.indexed = 1 AND d.created_at <= :t"
 
 
@@ -36,31 +34,32 @@ def fts_query(q: str) -> str | None:
 
 
 def _bm25(db: DB, kind: str, match: str, params: dict, n: int) -> list[int]:
+    # FTS first, then the rows it found (CROSS JOIN keeps that order): started from the namespace's rows,
+    # SQLite would run the MATCH once per row of the namespace. The pool bounds the joins at n x 4.
     if kind == "chunk":
-        sql = ("SELECT c.rowid FROM chunks_fts f JOIN chunks c ON c.rowid = f.rowid JOIN documents d"
-               " ON d.id = c.document_id WHERE chunks_fts MATCH :q AND f.ns = :ns AND c.ns = :ns AND " + CHUNK_AT +
-               " ORDER BY bm25(chunks_fts) LIMIT :n")
+        sql = ("SELECT c.rowid FROM (SELECT rowid AS r, bm25(chunks_fts) AS score FROM chunks_fts"
+               " WHERE chunks_fts MATCH :q AND ns = :ns ORDER BY score LIMIT :pool) f"
+               " CROSS JOIN chunks c ON c.rowid = f.r CROSS JOIN documents d ON d.id = c.document_id"
+               " WHERE c.ns = :ns AND " + CHUNK_AT + " ORDER BY f.score LIMIT :n")
     else:
-        sql = ("SELECT m.rowid FROM memories_fts f JOIN memories m ON m.rowid = f.rowid"
-               " WHERE memories_fts MATCH :q AND f.ns = :ns AND m.ns = :ns AND " + FACT_AT +
-               " ORDER BY bm25(memories_fts) LIMIT :n")
-    return [r["rowid"] for r in db.rows(sql, {**params, "q": match, "n": n})]
+        sql = ("SELECT m.rowid FROM (SELECT rowid AS r, bm25(memories_fts) AS score FROM memories_fts"
+               " WHERE memories_fts MATCH :q AND ns = :ns ORDER BY score LIMIT :pool) f"
+               " CROSS JOIN memories m ON m.rowid = f.r WHERE m.ns = :ns AND " + FACT_AT +
+               " ORDER BY f.score LIMIT :n")
+    return [r["rowid"] for r in db.rows(sql, {**params, "q": match, "n": n, "pool": 4 * n})]
 
 
 def _knn(db: DB, kind: str, qv: np.ndarray, params: dict, n: int) -> list[int]:
-    table = "vec_chunks" if kind == "chunk" else "vec_memories"
-    # KNN takes k nearest in the namespace's partition, then the time filter: ask for more than n.
-    hits = db.rows("SELECT rowid, distance FROM %s WHERE embedding MATCH :v AND k = :k AND ns = :ns" % table,
-                   {"v": vec_blob(qv), "k": n * 4, "ns": params["ns"]})
-    if not hits:
-        return []
+    # The k nearest in the namespace's partition, then the time filter on those rows: ask for more than n.
     if kind == "chunk":
-        sql = ("SELECT c.rowid FROM chunks c JOIN documents d ON d.id = c.document_id WHERE c.rowid = :r"
-               " AND c.ns = :ns AND " + CHUNK_AT)
+        sql = ("SELECT c.rowid FROM (SELECT rowid AS r, distance FROM vec_chunks WHERE embedding MATCH :v"
+               " AND k = :k AND ns = :ns) v CROSS JOIN chunks c ON c.rowid = v.r CROSS JOIN documents d"
+               " ON d.id = c.document_id WHERE c.ns = :ns AND " + CHUNK_AT + " ORDER BY v.distance LIMIT :n")
     else:
-        sql = "SELECT m.rowid FROM memories m WHERE m.rowid = :r AND m.ns = :ns AND " + FACT_AT
-    out = [h["rowid"] for h in hits if db.one(sql, {**params, "r": h["rowid"]})]
-    return out[:n]
+        sql = ("SELECT m.rowid FROM (SELECT rowid AS r, distance FROM vec_memories WHERE embedding MATCH :v"
+               " AND k = :k AND ns = :ns) v CROSS JOIN memories m ON m.rowid = v.r"
+               " WHERE m.ns = :ns AND " + FACT_AT + " ORDER BY v.distance LIMIT :n")
+    return [r["rowid"] for r in db.rows(sql, {**params, "v": vec_blob(qv), "k": n * 4, "n": n})]
 
 
 def search(db: DB, embedder: Embedder, settings: Settings, ns: str, q: str, *, mode: str = "hybrid",

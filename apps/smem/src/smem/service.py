@@ -37,17 +37,67 @@ def embedder_identity(settings: Settings) -> tuple[str, int]:
     return "http:%s" % e["model"], int(e["dim"])
 
 
+_USERS: dict[str, int] = {}   # db path -> the descriptor holding its users' lock (for this process's life)
+
+
+def hold_open(db_path: str) -> None:
+    """Every process that opens the file (smem serve, smem mcp, the tools) holds DB.users shared for its
+    life: smem restore takes it exclusive, so it refuses while any of them runs, and they refuse to open
+    the file while a restore swaps it."""
+    if db_path == ":memory:" or db_path in _USERS:
+        return
+    fd = lock_file(db_path, ".users")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise Busy("a restore of %s is running" % db_path) from None
+    _USERS[db_path] = fd
+
+
+def let_go(db_path: str) -> None:
+    """This process's users' lock on the file, released (tests; a process's exit releases it anyway)."""
+    fd = _USERS.pop(db_path, None)
+    if fd is not None:
+        os.close(fd)
+
+
+def take_users(db_path: str) -> int:
+    """DB.users exclusive, for a restore: Busy while any process has the file open."""
+    fd = lock_file(db_path, ".users")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise Busy("a process has %s open (smem serve, smem mcp or a tool)" % db_path) from None
+    return fd
+
+
 def open_db(path: str, settings: Settings, check_embedder: bool = True) -> DB:
     """check_embedder False (token and backup tools, which read no vectors): an existing file opens
     whatever its embedder; a new one is made with the configured one."""
+    hold_open(path)
     if not check_embedder and os.path.exists(path):
         return DB(path, None, None, settings.synchronous)
     return DB(path, *embedder_identity(settings), settings.synchronous)
 
 
+def lock_file(db_path: str, suffix: str) -> int:
+    """The descriptor of DB<suffix>, made 0600 if new. Made by root (a role's token task, a restore), it is
+    handed to the database's owner (else its directory's), as SQLite does with -wal and -shm: the service,
+    which runs as that user, must open it too."""
+    path = db_path + suffix
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    if os.geteuid() == 0:
+        owner = os.stat(db_path if os.path.exists(db_path) else os.path.dirname(os.path.abspath(db_path)))
+        if os.fstat(fd).st_uid != owner.st_uid:
+            os.fchown(fd, owner.st_uid, owner.st_gid)
+    return fd
+
+
 def take_lock(db_path: str):
     """One server per database file: then a job left 'running' at start was a dead process's."""
-    fd = os.open(db_path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fd = lock_file(db_path, ".lock")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
