@@ -55,7 +55,7 @@ def test_metrics_take_the_metrics_or_api_token_and_the_metrics_token_nothing_els
     assert farm.get("/v1/jobs", headers=bearer("metrics-secret")).status_code == 403
     r = farm.post("/v1/jobs", headers=bearer("metrics-secret"), json={"spec": SPEC, "out": "a.mp4"})
     assert r.status_code == 403
-    with pytest.raises(ValueError, match="must differ"):
+    with pytest.raises(ValueError, match="must all differ"):
         build(farm.settings, "same", "worker", "same")
 
 

@@ -156,3 +156,33 @@ def test_a_part_is_uploaded_whole_and_a_second_upload_replaces_it(host, tmp_path
         with pytest.raises(TransportError, match="answered 403"):
             host.upload(jid, part, attempt=attempt, key=key)
     assert landed.read_bytes() == b"second"
+
+
+def test_each_node_uploads_only_the_parts_of_its_own_attempts(tmp_path):
+    """Each node's own worker token (worker_tokens_dir): a part upload with node B's token is refused for
+    an attempt node A started, whatever key it carries."""
+    tokens = tmp_path / "worker-tokens"
+    tokens.mkdir()
+    (tokens / "vca-node0.token").write_text("token-of-node0\n")
+    (tokens / "vca-node1.token").write_text("token-of-node1\n")
+    s = load(None, db_path=str(tmp_path / "farm.db"), work_dir=str(tmp_path / "work"),
+             parts_dir=str(tmp_path / "parts"), output_dir=str(tmp_path / "out"), worker_tokens_dir=str(tokens))
+    assert s.node_tokens() == {"vca-node0": "token-of-node0", "vca-node1": "token-of-node1"}
+    client = TestClient(build(s, "api-token", None, node_tokens=s.node_tokens()))
+    db = DB(s.db_path)
+    jid = db.submit(SPEC, "a.mp4", ["vca-node0", "vca-node1"], [(0, 0, 119)], frames=120, fps=30)
+    sm = StateMachine(s, db)
+    sm.running(jid)
+    a = db.one("SELECT id, key FROM attempts WHERE job_id=?", (jid,))
+    sm.apply({"event": "started", "job": jid, "attempt": a["id"], "node": "vca-node0", "ts": time.time(),
+              "key": a["key"]})
+    part = tmp_path / "part-00000.ts"
+    part.write_bytes(b"the part")
+    other = Host("http://testserver", "token-of-node1", tmp_path / "c1", client=client)
+    with pytest.raises(TransportError, match="answered 403.*vca-node0's; the token is vca-node1's"):
+        other.upload(jid, part, attempt=a["id"], key=a["key"])
+    own = Host("http://testserver", "token-of-node0", tmp_path / "c0", client=client)
+    own.upload(jid, part, attempt=a["id"], key=a["key"])
+    assert (Path(s.parts_dir) / jid / "part-00000.ts").read_bytes() == b"the part"
+    with pytest.raises(ValueError, match="must all differ"):
+        build(s, "token-of-node0", None, node_tokens=s.node_tokens())

@@ -46,20 +46,29 @@ def error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
-def build(s: Settings, token: str, worker_token: str | None = None, metrics_token: str | None = None) -> Starlette:
+def build(s: Settings, token: str, worker_token: str | None = None, metrics_token: str | None = None, *,
+          node_tokens: dict[str, str] | None = None) -> Starlette:
+    """node_tokens: each node's own worker token (worker_tokens_dir), by node; a part upload with one is
+    accepted only for an attempt of that node. worker_token: one token shared by every node (older)."""
     db = DB(s.db_path)
-    if worker_token == token:
-        raise ValueError("the worker token must differ from the API token")
-    if metrics_token and metrics_token in (token, worker_token):
-        raise ValueError("the metrics token must differ from the API and worker tokens")
-    tokens = {"api": token, "worker": worker_token, "metrics": metrics_token}
+    nodes = dict(node_tokens or {})
+    every = [t for t in (token, worker_token, metrics_token, *nodes.values()) if t]
+    if len(every) != len(set(every)):
+        raise ValueError("the API, worker, metrics and node tokens must all differ")
+    tokens = {"api": token, "worker": worker_token, "metrics": metrics_token,
+              **{"node:" + n: t for n, t in nodes.items()}}
     scrape = metrics.registry(db)
 
-    def refused(request: Request, *kinds: str) -> JSONResponse | None:
+    def bearer(request: Request) -> str | None:
         got = request.headers.get("authorization", "").encode()
-        kind = next((k for k, t in tokens.items() if t and hmac.compare_digest(got, ("Bearer " + t).encode())), None)
+        return next((k for k, t in tokens.items() if t and hmac.compare_digest(got, ("Bearer " + t).encode())), None)
+
+    def refused(request: Request, *kinds: str) -> JSONResponse | None:
+        kind = bearer(request)
         if kind is None:
             return error(401, "bearer token required")
+        if kind.startswith("node:"):
+            kind = "worker"
         return None if kind in kinds else error(403, "the %s token cannot use this route" % kind)
 
     async def create(request: Request):
@@ -111,7 +120,9 @@ def build(s: Settings, token: str, worker_token: str | None = None, metrics_toke
             return denied
         jid, name = request.path_params["id"], request.path_params["name"]
         want = request.headers.get("x-content-sha256", "").lower()
-        if refusal := _part_refused(db, s, jid, name, request.headers):
+        who = bearer(request)
+        node = who[5:] if who and who.startswith("node:") else None
+        if refusal := _part_refused(db, s, jid, name, request.headers, node=node):
             return refusal
         return await _store_part(request, Path(s.parts_dir) / jid, name, want, s.max_part_bytes)
 
@@ -145,7 +156,7 @@ async def _submit(s: Settings, body) -> str:
                   made_here="spec" not in body, s_per_frame=body.get("s_per_frame"))
 
 
-def _part_refused(db: DB, s: Settings, jid: str, name: str, headers) -> JSONResponse | None:
+def _part_refused(db: DB, s: Settings, jid: str, name: str, headers, *, node: str | None) -> JSONResponse | None:
     """The answer to a part upload that is refused before its body is read, or None."""
     if not transport.PART.fullmatch(name):
         return error(400, "a part is named part-NNNNN.ts or part-NNNNN.wav")
@@ -154,7 +165,7 @@ def _part_refused(db: DB, s: Settings, jid: str, name: str, headers) -> JSONResp
     job = db.job(jid)
     if job is None or job["state"] not in LIVE:
         return error(409, "job %s is %s" % (jid, job["state"] if job else "unknown"))
-    if why := _not_the_attempts_part(db, jid, name, headers):
+    if why := _not_the_attempts_part(db, jid, name, headers, node=node):
         log.warning("part upload %s/%s refused: %s", jid, name, why)
         return error(403, why)
     if int(headers.get("content-length") or 0) > s.max_part_bytes:
@@ -162,13 +173,16 @@ def _part_refused(db: DB, s: Settings, jid: str, name: str, headers) -> JSONResp
     return None
 
 
-def _not_the_attempts_part(db: DB, jid: str, name: str, headers) -> str | None:
+def _not_the_attempts_part(db: DB, jid: str, name: str, headers, *, node: str | None) -> str | None:
     """Why this upload is not the part of an attempt its sender holds, or None: the attempt named in
     X-Farm-Attempt must be this job's, of this part's chunk, started, and X-Farm-Attempt-Key its key
     (which went out in its message alone). Started or queued: its `started` may not be applied yet."""
-    a = db.one("SELECT idx, state, key FROM attempts WHERE id=? AND job_id=?", (headers.get("x-farm-attempt", ""), jid))
+    a = db.one("SELECT idx, state, key, node FROM attempts WHERE id=? AND job_id=?",
+               (headers.get("x-farm-attempt", ""), jid))
     if a is None:
         return "X-Farm-Attempt names no attempt of job %s" % jid
+    if node and a["node"] and a["node"] != node:
+        return "attempt %s is %s's; the token is %s's" % (headers.get("x-farm-attempt"), a["node"], node)
     if not a["key"] or not hmac.compare_digest(headers.get("x-farm-attempt-key", "").encode(), a["key"].encode()):
         return "X-Farm-Attempt-Key is not the attempt's key"
     if name.split(".", maxsplit=1)[0] != "part-%05d" % a["idx"]:
@@ -243,6 +257,7 @@ def serve(s: Settings) -> int:
     if not s.api_token_file:
         raise SystemExit("farm api: api_token_file is required (the bearer token)")
     host, port = listen_address(s)
-    app = build(s, Path(s.api_token_file).read_text().strip(), s.worker_token(), s.metrics_token())
+    app = build(s, Path(s.api_token_file).read_text().strip(), s.worker_token(), s.metrics_token(),
+                node_tokens=s.node_tokens())
     uvicorn.run(app, host=host, port=port, log_level="info")
     return 0

@@ -35,7 +35,8 @@ class Settings:
                                                       # the nodes unless host_url: then uploaded)
     host_url: str | None = None           # the farm API as the workers reach it (http://172.31.1.254:8790): bundles
                                           # fetched by hash, parts uploaded; None: host and nodes share the dirs
-    worker_token_file: str | None = None  # the workers' bearer token (bundles and parts only)
+    worker_token_file: str | None = None  # a worker's bearer token (bundles and parts only): on a node, its own
+    worker_tokens_dir: str | None = None  # on the host: <node>.token for each node, each node's own token
     metrics_token_file: str | None = None  # a Prometheus scrape's bearer token (GET /metrics only)
     cache_dir: str = "/var/cache/farm"    # a worker's own: bundles/<hash>, parts/<job>/ before upload
     bundle_cache_keep: int = 4            # bundles a worker keeps (least recently used go first)
@@ -192,6 +193,12 @@ class Settings:
 
     def worker_token(self) -> str | None:
         return Path(self.worker_token_file).read_text().strip() if self.worker_token_file else None
+
+    def node_tokens(self) -> dict[str, str]:
+        """Each node's own worker token, by node (worker_tokens_dir/<node>.token)."""
+        if not self.worker_tokens_dir:
+            return {}
+        return {f.stem: f.read_text().strip() for f in sorted(Path(self.worker_tokens_dir).glob("*.token"))}
 
     def metrics_token(self) -> str | None:
         return Path(self.metrics_token_file).read_text().strip() if self.metrics_token_file else None
