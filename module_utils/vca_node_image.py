@@ -42,6 +42,10 @@ def sha256(path):
     return h.hexdigest()
 
 
+# In a stored build's directory: the recipes after the first whose builds had the same content.
+ALSO_RECIPES = "also-recipes"
+
+
 def read_record(build_dir):
     """The builder's record in a build directory (the one .json that has a build_id)."""
     for name in sorted(os.listdir(build_dir)):
@@ -99,7 +103,17 @@ class ImageStore:
         out["builds"] = sorted(builds)
         out["images"] = {b: os.path.join(self.root, b, r["image"]) for b, r in builds.items()}
         out["recipes"] = {r["recipe"]: b for b, r in builds.items() if "recipe" in r}
+        for bid in builds:          # later recipes that built the same content (add())
+            for recipe in self._also_recipes(bid):
+                out["recipes"][recipe] = bid
         return out
+
+    def _also_recipes(self, build_id):
+        try:
+            with open(os.path.join(self.root, build_id, ALSO_RECIPES)) as fh:
+                return [line.strip() for line in fh if line.strip()]
+        except OSError:
+            return []
 
     def add(self, src, check=False):
         """Move a finished build into the store (checked by sha256) and make it the candidate."""
@@ -115,7 +129,14 @@ class ImageStore:
         os.makedirs(self.root, exist_ok=True)
         dest = os.path.join(self.root, bid)
         if os.path.isdir(dest):
-            shutil.rmtree(src)          # the same build again: the stored one stays
+            # The same content again (a new recipe, e.g. a builder change that writes the same tree):
+            # the stored build stays, and answers for this recipe too, so it is not built again.
+            stored = read_record(dest).get("recipe")
+            if record.get("recipe") and record["recipe"] != stored \
+                    and record["recipe"] not in self._also_recipes(bid):
+                with open(os.path.join(dest, ALSO_RECIPES), "a") as fh:
+                    fh.write(record["recipe"] + "\n")
+            shutil.rmtree(src)
         else:
             os.rename(src, dest)
         _relink(self.root, "candidate", bid)

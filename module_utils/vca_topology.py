@@ -3,6 +3,12 @@
 
 Node n is card n // 3, CPU n % 3, at 172.31.(n+1).1. The inventory carries
 these values as host variables; this module only checks that they agree.
+
+Every service group must hold a node, smem_background included, whatever the
+number of cards: smem's fact extraction runs only on that lane (its search
+embeddings fall back to the interactive lane, extraction does not). A one-card
+fleet gives it one of its three nodes (inventory/production, the template); a
+node may serve both lanes.
 """
 
 from __future__ import annotations

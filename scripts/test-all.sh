@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every check `make test` promises and prints one summary line per step.
-# Steps: yamllint, ansible-lint, ruff, pytest (tests/, then apps/vcamon/tests, apps/smem/tests, apps/farm/tests), the install
+# Steps: yamllint, ansible-lint, ruff, the docs' references, pytest (tests/, then apps/vcamon/tests, apps/smem/tests, apps/farm/tests), the install
 # steps proved in a throwaway bare-Debian container (fresh), each molecule scenario, then
 # the node image (two builds bit-identical, a QEMU boot). When fresh runs too, the unit tests run
 # once, in there: the same tests on a freshly bootstrapped machine, which is the stricter place.
@@ -98,6 +98,7 @@ for g in $groups; do
         step ansible-lint ansible-lint --profile production
         step ruff ruff check .
         step exposure-doc exposure_doc_current
+        step doc-refs python3 scripts/check-doc-refs.py    # every path, playbook and tag the docs name exists
         ;;
     unit)
         if [[ "$all_groups" == *" fresh "* ]]; then

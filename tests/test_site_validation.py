@@ -74,3 +74,12 @@ def test_valid_inventory_passes_validation(tmp_path):
     run = site(inv, "--tags", "always")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "Check every node against the topology rule" in run.stdout
+
+
+def test_the_production_template_passes_validation_as_shipped(tmp_path):
+    """inventory/production is the owner's starting point: site.yml's checks pass on it unedited."""
+    inv = tmp_path / "mysite"
+    shutil.copytree(ROOT / "inventory" / "production", inv)
+    run = site(inv, "--tags", "always")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "Check every node against the topology rule" in run.stdout

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import copy
+import re
+import shutil
 
 import pytest
+import yaml
 from ansible.inventory.manager import InventoryManager
 from ansible.module_utils.vca_topology import check_inventory, expected
 from ansible.parsing.dataloader import DataLoader
@@ -13,7 +16,8 @@ from ansible.vars.manager import VariableManager
 from conftest import ROOT, run_module
 
 
-def load(inventory: str):
+def load(inventory):
+    """An inventory by name under inventory/, or a path."""
     loader = DataLoader()
     inv = InventoryManager(loader=loader, sources=[str(ROOT / "inventory" / inventory)])
     vm = VariableManager(loader=loader, inventory=inv)
@@ -25,9 +29,8 @@ def load(inventory: str):
     return nodes, groups, vm, inv
 
 
-@pytest.mark.parametrize("inventory", ["production", "lab"])
-def test_shipped_inventories_follow_the_rule(inventory):
-    nodes, groups, _, _ = load(inventory)
+def test_the_lab_is_the_seed_owners_fleet():
+    nodes, groups, _, _ = load("lab")
     assert check_inventory(nodes, groups) == []
     assert sorted(groups["farm"]) == ["vca-node0", "vca-node1", "vca-node4", "vca-node5"]
     assert sorted(groups["smem_interactive"]) == ["vca-node0", "vca-node1", "vca-node2"]
@@ -35,13 +38,71 @@ def test_shipped_inventories_follow_the_rule(inventory):
     assert groups["dead"] == ["vca-node3"]
 
 
-@pytest.mark.parametrize("inventory", ["production", "lab"])
-def test_card1_is_capped_and_card0_is_stock(inventory):
-    _, _, vm, inv = load(inventory)
+def test_the_lab_caps_card1_and_leaves_card0_stock():
+    _, _, vm, inv = load("lab")
     card1 = vm.get_vars(host=inv.get_host("vca-node4"))
     card0 = vm.get_vars(host=inv.get_host("vca-node0"))
     assert (card1["power_cap_pl1_w"], card1["power_cap_pl2_w"]) == (35, 40)
     assert (card0["power_cap_pl1_w"], card0["power_cap_pl2_w"]) == (None, None)
+
+
+# inventory/production is a template: one card as shipped, a second card in blocks marked
+# "# card 1" whose following comment lines (at the marker's indent) are the second card's YAML.
+def with_card1(text):
+    lines, out, i = text.splitlines(), [], 0
+    while i < len(lines):
+        out.append(lines[i])
+        marker = re.match(r"^(\s*)# card 1\b", lines[i])
+        i += 1
+        if marker:
+            indent = marker.group(1)
+            while i < len(lines) and lines[i].startswith(indent + "# "):
+                out.append(indent + lines[i][len(indent) + 2:])
+                i += 1
+    return "\n".join(out) + "\n"
+
+
+def with_card2(text):
+    """The two-card fleet plus a third card, as an owner adds it: nodes 6-8, in the farm and ingest lane."""
+    data = yaml.safe_load(text)
+    groups = data["all"]["children"]
+    groups["vca_nodes"]["children"]["card2"] = {"hosts": {
+        "vca-node%d" % n: {"vca_node": n, **expected(n)} for n in (6, 7, 8)}}
+    for group in ("farm", "smem_background"):
+        groups[group]["hosts"].update({"vca-node%d" % n: None for n in (6, 7, 8)})
+    return yaml.safe_dump(data)
+
+
+def template_with(tmp_path, cards):
+    inv = tmp_path / "mysite"
+    shutil.copytree(ROOT / "inventory" / "production", inv)
+    text = (inv / "hosts.yml").read_text()
+    if cards >= 2:
+        text = with_card1(text)
+    if cards == 3:
+        text = with_card2(text)
+    (inv / "hosts.yml").write_text(text)
+    return inv
+
+
+@pytest.mark.parametrize("cards", [1, 2, 3])
+def test_the_template_validates_with_one_two_and_three_cards(tmp_path, cards):
+    nodes, groups, vm, inv = load(template_with(tmp_path, cards))
+    assert check_inventory(nodes, groups) == []
+    assert sorted(nodes) == ["vca-node%d" % n for n in range(3 * cards)]
+    assert sorted(groups["card%d" % (cards - 1)]) == ["vca-node%d" % n for n in range(3 * (cards - 1), 3 * cards)]
+    assert groups["dead"] == []
+    for host in nodes:      # every card capped until its owner says it is shrouded (card2: no file, stock)
+        hv = vm.get_vars(host=inv.get_host(host))
+        want = (None, None) if hv["vca_card"] == 2 else (35, 40)
+        assert (hv.get("power_cap_pl1_w"), hv.get("power_cap_pl2_w")) == want, host
+
+
+def test_the_template_ships_one_card_and_no_seed_specifics():
+    nodes, groups, vm, inv = load("production")
+    assert sorted(nodes) == ["vca-node0", "vca-node1", "vca-node2"]
+    assert groups["dead"] == [] and "card1" not in groups
+    assert vm.get_vars(host=inv.get_host("vca-host"))["farm_never_lent"] == []
 
 
 def test_rule():
@@ -51,7 +112,7 @@ def test_rule():
 
 @pytest.fixture
 def good():
-    nodes, groups, _, _ = load("production")
+    nodes, groups, _, _ = load("lab")
     return nodes, groups
 
 

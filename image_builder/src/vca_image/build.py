@@ -198,9 +198,52 @@ def recipe(profile):
     return h.hexdigest()[:16]
 
 
+# Bumped when make_disk, make_esp or make_volatile change how a tree is laid onto the disk or the
+# volatile volume: the one part of this builder's code that reaches a node beyond what content_id reads.
+LAYOUT = 1
+RECORD = "etc/vca-image.json"
+
+
+def _tree_digest(h, rootfs):
+    """Every path under rootfs but the record, in sorted order: its name, mode, owner, and its bytes,
+    link target or device number. Not mtimes: the build clamps them to the profile's epoch."""
+    for dirpath, dirnames, filenames in os.walk(rootfs):
+        dirnames.sort()
+        for name in sorted(dirnames + filenames):
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, rootfs)
+            if rel == RECORD:
+                continue
+            st = os.lstat(path)
+            h.update(b"\0%s\0%o\0%d\0%d\0" % (os.fsencode(rel), st.st_mode, st.st_uid, st.st_gid))
+            if stat.S_ISLNK(st.st_mode):
+                h.update(os.fsencode(os.readlink(path)))
+            elif stat.S_ISREG(st.st_mode):
+                with open(path, "rb") as fh:
+                    for block in iter(lambda: fh.read(1 << 20), b""):
+                        h.update(block)
+            elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+                h.update(b"%d" % st.st_rdev)
+
+
+def content_id(profile, rootfs, bootloader=None):
+    """The build_id: a digest of what ends up on a node (the finished tree, the boot menus, the
+    disk's fixed ids and sizes, the bootloader, LAYOUT), not of this builder's code or the profile's
+    text. A change to either that leaves every one of them as it was names the same build, and the
+    fleet is not reimaged for it (the store files the new recipe under the build it already has)."""
+    h = hashlib.sha256()
+    h.update(json.dumps({"layout": LAYOUT, "image": profile["image"], "formats": sorted(profile.get("formats", [])),
+                         "grub": grub_cfg(profile),
+                         "volatile_grub": volatile_grub_cfg(profile, volatile_cmdline(profile)),
+                         "bootloader": bootloader}, sort_keys=True).encode())
+    _tree_digest(h, rootfs)
+    return h.hexdigest()[:16]
+
+
 def configure(profile, rootfs, base, packages_installed, bootloader=None):
     """Overlays, network, fleet keys, the image record; then the per-build files out.
-    bootloader (grub_version()) goes into the build_id: the ESP's GRUB comes from the build host."""
+    bootloader (grub_version()) goes into the build_id: the ESP's GRUB comes from the build host.
+    packages_installed is not read: the package versions are in the tree's dpkg database."""
     for overlay in profile.get("overlays", []):
         shutil.copytree(base / overlay, rootfs, symlinks=True, dirs_exist_ok=True)
     # git keeps a file 0644 or 0755 and copytree gives each directory its overlay's mode: sudo's
@@ -231,18 +274,18 @@ def configure(profile, rootfs, base, packages_installed, bootloader=None):
             if path.is_file() or path.is_symlink():
                 path.unlink()
     write(rootfs, "etc/machine-id", "")                 # systemd fills it on first boot
+    boot_links(rootfs)                               # /boot/vmlinuz, /boot/initrd.img: what grub.cfg loads
     kernels = sorted(p.name[len("vmlinuz-"):] for p in (rootfs / "boot").glob("vmlinuz-*"))
-    # build_id names this image by content (recipe + the package versions it got): a booted
-    # node reports it from /etc/vca-image.json, and the host's store files the image under it.
-    build = recipe(profile)
-    named = list(packages_installed) + (["bootloader=%s" % bootloader] if bootloader else [])
-    build_id = hashlib.sha256(("%s\n" % build + "\n".join(named)).encode()).hexdigest()[:16]
-    record = {"build_id": build_id, "recipe": build, "profile": profile["name"], "suite": profile["suite"],
+    # build_id names this image by what is on it (content_id, the tree now finished but for this
+    # record): a booted node reports it from /etc/vca-image.json, and the host's store files the
+    # image under it. The recipe (what the build was made from) only decides whether to build.
+    build_id = content_id(profile, rootfs, bootloader)
+    record = {"build_id": build_id, "recipe": recipe(profile), "profile": profile["name"], "suite": profile["suite"],
               "kernel_version": kernels[-1] if kernels else None,
               "users": [{"name": u["name"], "authorized_keys": bool(u.get("authorized_keys"))}
                         for u in profile.get("users", [])],
               "source_date_epoch": profile["image"]["source_date_epoch"]}
-    write(rootfs, "etc/vca-image.json", json.dumps(record, indent=1, sort_keys=True) + "\n")
+    write(rootfs, RECORD, json.dumps(record, indent=1, sort_keys=True) + "\n")
     return record
 
 
@@ -637,7 +680,6 @@ def build(profile, out, cache=None, keep_rootfs=False):
     bootloader = grub_version()
     record = configure(profile, rootfs, base, installed, bootloader)
     record["packages"] = installed
-    boot_links(rootfs)                               # /boot/vmlinuz, /boot/initrd.img: what grub.cfg loads
     record["boot"] = {"cmdline": kernel_cmdline(profile), "bootloader": bootloader}
     for kind in ("vmlinuz", "initrd.img"):           # the disk's kernel and initramfs, beside it for the record
         found = sorted((rootfs / "boot").glob("%s-*" % kind))

@@ -87,3 +87,41 @@ def test_checkpatch_clean(host, package):
             assert all(any(c in line for c in UAPI_CHECKS) for line in checks), out.stdout
         else:
             assert not checks, out.stdout
+
+
+# The host's tools, built from the fixture tree's apps/ through the role's CMake path.
+def test_vcactl_is_installed_from_the_tree(host):
+    vcactl = host.file("/usr/sbin/vcactl")
+    assert vcactl.exists and vcactl.user == "root" and vcactl.mode == 0o755
+    assert host.check_output("sh -c 'command -v vcactl'") == "/usr/sbin/vcactl"
+    assert host.check_output("vcactl --version") == "vcactl 0.0.1 (vcafleet fixture)"   # PKG_VER from the role
+    assert "Card: 0 Cpu: 0  STATE: bios_up" in host.check_output("vcactl status")
+
+
+def test_daemon_runs_from_its_unit(host):
+    assert host.file("/usr/sbin/vcactld").mode == 0o755
+    service = host.service("vcactld")
+    assert service.is_enabled and service.is_running
+    assert "vcactld (fixture) started" in host.file("/var/log/vca/vcactld.log").content_string
+
+
+def test_daemon_config_leaves_booting_to_vca_boot(host):
+    config = host.file("/etc/vca_config.d/vca_config.xml")
+    assert config.group == "vcausers"
+    assert config.contains("<auto-boot>0</auto-boot>") and not config.contains("<auto-boot>1</auto-boot>")
+
+
+@pytest.mark.parametrize("rule", ["95-vca", "96-vop", "97-host_eth_up", "98-vca_mgr", "99-vca_blk_bcknd",
+                                  "99-vca_mgr_extd"])
+def test_udev_rules(host, rule):
+    assert host.file(f"/etc/udev/rules.d/{rule}.rules").contains('GROUP="vcausers"')
+
+
+def test_daemon_user_and_lock_directory(host):
+    assert host.user("vcausers_default").group == "vcausers"
+    assert host.file("/run/lock/vca").is_directory
+    assert host.file("/usr/sbin/vca_eth_ifup.sh").mode == 0o755
+
+
+def test_no_tools_build_left(host):
+    assert host.check_output("ls /var/cache/vcafleet/vca_host | grep -c tools-build || true") == "0"
