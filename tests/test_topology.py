@@ -102,7 +102,7 @@ def test_the_template_ships_one_card_and_no_seed_specifics():
     nodes, groups, vm, inv = load("production")
     assert sorted(nodes) == ["vca-node0", "vca-node1", "vca-node2"]
     assert groups["dead"] == [] and "card1" not in groups
-    assert vm.get_vars(host=inv.get_host("vca-host"))["farm_never_lent"] == []
+    assert vm.get_vars(host=inv.get_host("vca-host"))["farm_never_lend"] == []
 
 
 def test_rule():
