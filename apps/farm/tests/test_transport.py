@@ -179,7 +179,7 @@ def test_each_node_uploads_only_the_parts_of_its_own_attempts(tmp_path):
     part = tmp_path / "part-00000.ts"
     part.write_bytes(b"the part")
     other = Host("http://testserver", "token-of-node1", tmp_path / "c1", client=client)
-    with pytest.raises(TransportError, match="answered 403.*vca-node0's; the token is vca-node1's"):
+    with pytest.raises(TransportError, match=r"answered 403.*vca-node0's; the token is vca-node1's"):
         other.upload(jid, part, attempt=a["id"], key=a["key"])
     own = Host("http://testserver", "token-of-node0", tmp_path / "c0", client=client)
     own.upload(jid, part, attempt=a["id"], key=a["key"])
