@@ -30,7 +30,8 @@ def render(template: str, **variables) -> str:
 
 
 def targets_rules(jobs=JOBS) -> dict:
-    return yaml.safe_load(render("vcafleet-targets.yml.j2", prometheus_jobs=jobs, prometheus_config_dir="/etc/prometheus"))
+    return yaml.safe_load(render("vcafleet-targets.yml.j2", prometheus_jobs=jobs,
+                                 prometheus_config_dir="/etc/prometheus"))
 
 
 def promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -105,7 +106,8 @@ def test_the_alertmanager_configuration_passes_amtool(tmp_path):
                   prometheus_alertmanager_repeat_interval="4h",
                   prometheus_alertmanager_receiver={"webhook_configs": [{"url": "http://127.0.0.1:5001/"}]})
     (tmp_path / "am.yml").write_text(text)
-    r = subprocess.run([tool, "check-config", "am.yml"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    r = subprocess.run([tool, "check-config", "am.yml"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                       check=False)
     assert r.returncode == 0 and "1 receivers" in r.stdout, r.stdout + r.stderr
     assert yaml.safe_load(text)["receivers"] == [{"webhook_configs": [{"url": "http://127.0.0.1:5001/"}],
                                                   "name": "vcafleet"}]

@@ -60,9 +60,9 @@ def parse(node, text, url=""):
                 s.throttle["%s %s" % (labels["scope"], labels["id"])] = int(value)
             elif name == "vcamon_vca_node_state":
                 s.vca_states[int(labels["vca_node"])] = labels["state"]
-            elif name == "vcamon_unit_active":
+            elif name == "vcamon_unit_state" and value == 1:
                 s.units[labels["unit"]] = labels["state"]
-            elif name == "vcamon_platform" and value == 1:
+            elif name == "vcamon_platform_info" and value == 1:
                 s.platform = labels["platform"]
     return s
 

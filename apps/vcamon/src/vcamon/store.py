@@ -123,8 +123,8 @@ class Scrape:
     limits: dict = field(default_factory=dict)       # constraint -> W
     throttle: dict = field(default_factory=dict)     # 'core 0:2' / 'package 0' -> count
     vca_states: dict = field(default_factory=dict)   # vcactl node index -> state (host agent only)
-    platform: str | None = None                      # hardware | lab | unknown (vcamon_platform)
-    units: dict = field(default_factory=dict)        # service -> ActiveState (vcamon_unit_active)
+    platform: str | None = None                      # hardware | lab | unknown (vcamon_platform_info)
+    units: dict = field(default_factory=dict)        # service -> ActiveState (vcamon_unit_state)
 
 
 def connect(path, timeout=30.0):
