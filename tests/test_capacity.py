@@ -444,7 +444,8 @@ def test_playbook_wiring():
     include = next(t for t in legs_play["tasks"] if "ansible.builtin.include_tasks" in t)
     assert (BENCH / include["ansible.builtin.include_tasks"]).exists()
     leg = yaml.safe_load((BENCH / include["ansible.builtin.include_tasks"]).read_text())[0]
-    assert [t["name"].split(" (")[0] for t in leg["always"]] == ["Every server back in the state it was found in"]
+    assert [t["name"].split(" (")[0] for t in leg["always"]] == [
+        "The servers' states after the leg", "The servers the leg took out, back in service"]
     names = [t["name"].split(" (")[0] for t in leg["block"]]
     assert names.index("Energy counters before the load") < names.index("Chat load at the frontend") \
         < names.index("Energy counters after the load")
