@@ -320,6 +320,10 @@ class Store:
 
     # -- upkeep -------------------------------------------------------------
 
+    def last_round(self):
+        """When the newest scrape round began (epoch s), or None before the first."""
+        return self.db.execute("SELECT max(ts) FROM scrapes").fetchone()[0]
+
     def meta(self, key, default=None):
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return default if row is None else row[0]
