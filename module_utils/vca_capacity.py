@@ -200,6 +200,7 @@ def token_summary(doc):
     samples = doc.get("samples") or []
     ok = [s for s in samples if s.get("ok") and s.get("completion_tokens") is not None]
     latencies = [s["ms"] for s in ok]
+    ttft = [s["ttft_ms"] for s in ok if s.get("ttft_ms") is not None]
     workers = {}
     for s in samples:
         if s.get("worker"):
@@ -215,6 +216,9 @@ def token_summary(doc):
         "p50_ms": percentile(latencies, 50),
         "p95_ms": percentile(latencies, 95),
         "max_tokens": doc.get("max_tokens"),
+        "stream": bool(doc.get("stream")),
+        "ttft_p50_ms": percentile(ttft, 50),
+        "ttft_p95_ms": percentile(ttft, 95),
     }
 
 
@@ -231,6 +235,9 @@ def chat_load(locust_json, tokens_doc):
         "tok_s": tokens["completion_tokens"] / tokens["seconds"],
         "p50_ms": tokens["p50_ms"],
         "p95_ms": tokens["p95_ms"],
+        "stream": tokens["stream"],
+        "ttft_p50_ms": tokens["ttft_p50_ms"],
+        "ttft_p95_ms": tokens["ttft_p95_ms"],
         "locust": {"p50_ms": stats["p50_ms"], "p95_ms": stats["p95_ms"], "entries": stats["entries"]},
         "consistent": tokens["samples"] == stats["requests"] and tokens["unanswered"] == stats["failures"],
         "workers": tokens["workers"],
@@ -321,7 +328,7 @@ def chat_leg(leg, load, before, after, host=None):
     out = _leg(leg, "chat", before, after, host)
     energy = out["energy"]
     out.update(load=load, tok_s=None, tok_j=None, tok_j_workers=None, p50_ms=None, p95_ms=None,
-               energy_window_s=_window(energy))
+               ttft_p50_ms=None, ttft_p95_ms=None, stream=bool(leg.get("stream")), energy_window_s=_window(energy))
     if load is None:
         out["reason"] = leg.get("reason") or "no load result: the leg failed or did not run (see the play's output)"
         return out
@@ -333,6 +340,8 @@ def chat_leg(leg, load, before, after, host=None):
     out["tok_s"] = _rnd(load["tok_s"], 2)
     out["p50_ms"] = _rnd(load["p50_ms"], 1)
     out["p95_ms"] = _rnd(load["p95_ms"], 1)
+    out["ttft_p50_ms"] = _rnd(load.get("ttft_p50_ms"), 1)
+    out["ttft_p95_ms"] = _rnd(load.get("ttft_p95_ms"), 1)
     if out["workers_energy"]["joules"]:
         out["tok_j_workers"] = round(load["completion_tokens"] / out["workers_energy"]["joules"], 4)
     if energy["joules"]:
@@ -370,10 +379,11 @@ def scaling(points):
              "ratio": round(t / base, 3) if (t is not None and base) else None} for n, t in points]
 
 
-def build_record(timestamp, params, legs, scaling_legs=(), transcode_legs=()):
-    """The run's record. legs / scaling_legs: chat_leg() records (scaling legs carry nodes);
-    transcode_legs: transcode_leg() records."""
-    everything = list(legs) + list(scaling_legs) + list(transcode_legs)
+def build_record(timestamp, params, legs, scaling_legs=(), transcode_legs=(), *, stream_legs=()):
+    """The run's record. legs / scaling_legs / stream_legs: chat_leg() records (scaling legs carry
+    nodes; stream legs streamed, with their time to first token); transcode_legs: transcode_leg()
+    records."""
+    everything = list(legs) + list(scaling_legs) + list(transcode_legs) + list(stream_legs)
     record = {
         "format": RECORD_FORMAT,
         "timestamp": timestamp,
@@ -384,6 +394,7 @@ def build_record(timestamp, params, legs, scaling_legs=(), transcode_legs=()):
         "scaling": {"legs": list(scaling_legs),
                     "curve": scaling([(len(leg["machines"]), leg["tok_s"]) for leg in scaling_legs])},
         "transcode": list(transcode_legs),
+        "streaming": list(stream_legs),
         "seed": SEED,
     }
     record["scaling"]["plumbing_check_only"] = any(leg["platform"] != "hardware" for leg in scaling_legs)
@@ -403,7 +414,7 @@ def assemble(timestamp, params, legs, results, frontend):
     """The record from the playbook's raw results: legs as planned ({name, setup, kind, group,
     machines, reason when not run}); results {machine: {leg name: {before, after, load, transcode}}}
     as each machine registered them; frontend: the machine that ran the load generator."""
-    main, curve, video = [], [], []
+    main, curve, video, streamed = [], [], [], []
     for leg in legs:
         for key in ("name", "kind", "machines"):
             if key not in leg:
@@ -420,5 +431,5 @@ def assemble(timestamp, params, legs, results, frontend):
             continue
         load = None if leg.get("reason") else (((results or {}).get(frontend) or {}).get(leg["name"]) or {}).get("load")
         done = chat_leg(leg, load, before, after, frontend)
-        (curve if leg.get("group") == "scaling" else main).append(done)
-    return build_record(timestamp, params, main, curve, video)
+        {"scaling": curve, "stream": streamed}.get(leg.get("group"), main).append(done)
+    return build_record(timestamp, params, main, curve, video, stream_legs=streamed)

@@ -164,10 +164,45 @@ class FakeLlama(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _stream(self, req):
+        """As llama-server streams: a first token after FIRST_TOKEN_S, the others 10 ms apart, then a last
+        event with usage (asked for with stream_options) and [DONE], chunked."""
+        with self.lock:
+            n = len(self.served)
+            tokens = min(3 + n % 5, req["max_tokens"])
+            self.served.append((tokens, False))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def event(obj):
+            if isinstance(obj, dict):   # llama-server's fields: an event is some 200 bytes, as there
+                obj = dict(obj, id="chatcmpl-%032d" % n, object="chat.completion.chunk", model="fake",
+                           system_fingerprint="b0000-fake")
+            data = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+        threading.Event().wait(0.05)            # the role event in a packet of its own, not with the headers
+        event({"choices": [{"delta": {"role": "assistant"}}]})
+        threading.Event().wait(self.FIRST_TOKEN_S)
+        for _ in range(tokens):
+            event({"choices": [{"delta": {"content": "x "}}]})
+            threading.Event().wait(0.01)
+        if (req.get("stream_options") or {}).get("include_usage"):
+            event({"choices": [], "usage": {"completion_tokens": tokens, "prompt_tokens": 11}})
+        event(b"[DONE]")
+        self.wfile.write(b"0\r\n\r\n")
+
+    FIRST_TOKEN_S = 0.5
+
     def do_POST(self):
         req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
         if self.token and self.headers.get("Authorization") != "Bearer %s" % self.token:
             self._send(401, {"error": "unauthorized"})
+            return
+        if req.get("stream"):
+            self._stream(req)
             return
         with self.lock:
             n = len(self.served)
@@ -228,6 +263,22 @@ def test_real_locust_run_counts_tokens_failures_and_latency(fake_llama, tmp_path
     # Locust's final CSV row agrees on the count when it was written at the end
     entries = json.loads(stats_text)
     assert entries[0]["name"] == "chat" and entries[0]["method"] == "POST"
+
+
+def test_a_streamed_run_times_the_first_token(fake_llama, tmp_path):
+    """(issue 46) --vca-stream: every answer streamed, its time to first token (the server waits
+    FIRST_TOKEN_S before it) apart from its whole time; tokens from the last event's usage."""
+    url = "http://127.0.0.1:%d" % fake_llama.server_address[1]
+    stats_text, tokens_text = run_locust(url, tmp_path, seconds=3, users=2, extra=("--vca-stream",))
+    served = list(FakeLlama.served)
+    load = cap.chat_load(stats_text, tokens_text)
+    assert load["stream"] is True and load["requests"] == len(served) > 3 and load["failures"] == 0
+    assert load["completion_tokens"] == sum(t for t, _ in served)
+    first = FakeLlama.FIRST_TOKEN_S * 1000
+    assert first <= load["ttft_p50_ms"] <= load["ttft_p95_ms"] < load["p95_ms"]
+    assert load["ttft_p50_ms"] < load["p50_ms"]            # the first token comes before the last
+    leg = cap.chat_leg({"name": "stream", "machines": ["vca-node0", "vca-node1"], "stream": True}, load, {}, {})
+    assert leg["stream"] and leg["ttft_p50_ms"] == round(load["ttft_p50_ms"], 1)
 
 
 def test_vca_capacity_chat_module_sends_the_token(fake_llama, capsys):
@@ -451,6 +502,23 @@ def test_table_of_a_hardware_run_has_no_lab_warning():
     assert "plumbing only" not in table
     assert "| both | hardware | 90.0 | 2.250 |" in table
     assert "| card alone (3 nodes) | hardware | 40.0 | 1.000 | 1.333 |" in table
+
+
+def test_a_streamed_leg_is_its_own_section_with_its_time_to_first_token():
+    legs = [*LEGS, {"name": "stream", "setup": "both, streamed", "kind": "chat", "group": "stream", "stream": True,
+                    "machines": ["vca-host", *NODES]}]
+    res = lab_results(host_has_rapl=True)
+    for m in ["vca-host", *NODES]:
+        res[m]["stream"] = dict(res[m]["both"])
+    res["vca-host"]["stream"] = dict(res["vca-host"]["both"], load=dict(load(5400), stream=True, ttft_p50_ms=120.0,
+                                                                           ttft_p95_ms=480.0))
+    rec = cap.assemble("t", {"users": 8, "duration_s": 60, "max_tokens": 128, "url": "u", "transcode_frames": 1800},
+                       legs, res, "vca-host")
+    assert [leg["name"] for leg in rec["legs"]] == ["host", "card", "both"]      # the main table is unchanged
+    (streamed,) = rec["streaming"]
+    assert streamed["stream"] and streamed["ttft_p50_ms"] == 120.0 and streamed["ttft_p95_ms"] == 480.0
+    table = render(rec)
+    assert "## Streamed" in table and "| both, streamed | lab | 90.0 | 120 | 480 | 800 | 1500 |" in table
 
 
 def test_vca_capacity_report_module(capsys):

@@ -332,10 +332,14 @@ def test_capacity_bench_short_run_ends_with_the_lab_table(tmp_path):
     # too (issue 46), which has no counter in the lab: no leg has a whole figure
     assert legs["card"]["tok_j_workers"] > 0 and legs["card"]["energy_machines"][-1] == "vca-host"
     assert legs["card"]["tok_j"] is None and legs["host"]["tok_j"] is None and legs["both"]["tok_j"] is None
+    (streamed,) = record["streaming"]            # (issue 46) the same load streamed: time to first token
+    assert streamed["tok_s"] > 0 and 0 < streamed["ttft_p50_ms"] <= streamed["ttft_p95_ms"], streamed
+    assert streamed["ttft_p50_ms"] <= streamed["p50_ms"], streamed
     assert {leg["name"] for leg in record["transcode"]} == {"transcode-host", "transcode-card", "transcode-both"}
     assert all(leg["fps"] > 0 for leg in record["transcode"]), record["transcode"]
     table = (run / "table.md").read_text()
     assert "(platform: lab)" in table and "| card alone (2 nodes) | lab |" in table
+    assert "| both, streamed | lab |" in table
     assert status() == {name: "UP" for name in WORKERS}      # every worker back in after the legs
 
 
