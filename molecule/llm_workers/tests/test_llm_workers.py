@@ -292,8 +292,8 @@ def test_a_worker_that_freezes_mid_stream_releases_its_client_within_10_s():
     HOST.check_output("rm -f %s %s.first" % (out, out))
     HOST.check_output("nohup python3 -c %s %s %s %s > /dev/null 2>&1 &" % (shlex.quote(STREAM), URL, TOKEN, out))
     deadline = time.monotonic() + 120
-    while not HOST.file(out + ".first").exists():
-        assert time.monotonic() < deadline and not HOST.file(out).exists(), HOST.run("cat %s" % out).stdout
+    while not HOST.file(out + ".first").exists:
+        assert time.monotonic() < deadline and not HOST.file(out).exists, HOST.run("cat %s" % out).stdout
         time.sleep(0.5)
     worker = json.loads(HOST.file(out + ".first").content_string)["worker"]
     frozen = machine(worker.removeprefix("vca-"))
@@ -301,7 +301,7 @@ def test_a_worker_that_freezes_mid_stream_releases_its_client_within_10_s():
     stopped = float(HOST.check_output("date +%s.%N"))
     try:
         deadline = time.monotonic() + 60
-        while not HOST.file(out).exists():
+        while not HOST.file(out).exists:
             assert time.monotonic() < deadline, f"the client was still held 60 s after {worker} froze"
             time.sleep(0.5)
         record = json.loads(HOST.file(out).content_string)
