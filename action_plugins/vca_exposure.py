@@ -14,7 +14,7 @@ from ansible.plugins.action import ActionBase
 
 REQUIRED = ("service", "machines", "proto", "address", "port", "clients", "auth")
 OPTIONAL = ("reason", "probe", "metrics")
-METRICS_KEYS = {"job", "path", "credential_file", "credential_json_key"}
+METRICS_KEYS = {"job", "path", "credential_file", "credential_json_key", "credential_map_key"}
 WORDS = ("lan", "loopback")
 PROTOS = ("tcp", "udp")
 
@@ -147,7 +147,7 @@ class ActionModule(ActionBase):
         if metrics:
             if not isinstance(metrics, dict) or not metrics.get("job") or set(metrics) - METRICS_KEYS:
                 raise AnsibleActionFail("vca_exposure: %s: metrics is {job, path?, credential_file?, "
-                                        "credential_json_key?}, not %r" % (here, metrics))
+                                        "credential_json_key? or credential_map_key?}, not %r" % (here, metrics))
             metrics.setdefault("path", "/metrics")
         row.setdefault("reason", "")
         row.setdefault("probe", {})

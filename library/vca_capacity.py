@@ -62,6 +62,12 @@ options:
     description: (chat) The request's C(model) field (llama-server serves its one model whatever it says).
     type: str
     default: default
+  stream:
+    description: >-
+      (chat) Stream the answers (server-sent events) and time each one's first token (ttft_p50_ms,
+      ttft_p95_ms).
+    type: bool
+    default: false
   token:
     description: (chat) Bearer token the frontend wants (C(llm_workers_token)); passed to Locust
       through the environment, never on its command line.
@@ -183,6 +189,8 @@ def run_chat(module):
                 "--json-file", os.path.join(work, "locust"), "--exit-code-on-error", "0",
                 "--vca-tokens-file", os.path.join(work, "tokens.json"),
                 "--vca-max-tokens", str(p["max_tokens"]), "--vca-prompt", p["prompt"], "--vca-model", p["model"]]
+        if p["stream"]:
+            argv.append("--vca-stream")
         env = dict(os.environ, VCA_BENCH_TOKEN=p["token"] or "")
         rc, out, err = module.run_command(argv, environ_update=env)
         if rc != 0:
@@ -270,6 +278,7 @@ def main():
             max_tokens=dict(type="int", default=128),
             prompt=dict(type="str", default="Write a short story about a lighthouse keeper."),
             model=dict(type="str", default="default"),
+            stream=dict(type="bool", default=False),
             token=dict(type="str", default="", no_log=True),
             ffmpeg=dict(type="path", default="ffmpeg"),
             encoder=dict(type="str", default="auto", choices=["auto", "h264_qsv", "libx264"]),

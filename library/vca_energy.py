@@ -4,15 +4,18 @@
 DOCUMENTATION = r"""
 ---
 module: vca_energy
-short_description: Snapshot a machine's RAPL package energy counter
+short_description: Snapshot a machine's RAPL package energy counters (every socket's)
 description:
-  - Reads C(energy_uj) and C(max_energy_range_uj) of the RAPL zone named C(package-0)
-    (found by name, never by index) through the shared safe sysfs reader rooted at O(sysfs_root),
+  - Reads C(energy_uj) and C(max_energy_range_uj) of every RAPL zone named C(package-N) (package-0,
+    package-1, ... on a machine of several sockets; found by name, never by index) through the shared
+    safe sysfs reader rooted at O(sysfs_root),
     with the time of the reading and the machine's platform label (C(lab), C(hardware) or
     C(unknown), see M(vca_sensors)).
-  - Two snapshots around a load give its energy. The difference is taken modulo
-    C(max_energy_range_uj) so that a counter wrap is not a negative figure (see module_utils/vca_capacity.py).
-  - A machine without a package zone is not an error; C(energy_uj) is null and C(reason) says why,
+  - Two snapshots around a load give its energy: each package's difference, taken modulo its
+    C(max_energy_range_uj) so that a counter wrap is not a negative figure, summed over the packages
+    (see module_utils/vca_capacity.py).
+  - A machine without a package zone, or with one unreadable, is not an error; C(energy_uj) is null
+    and C(reason) says why,
     so that the benchmark reports no energy figure for it rather than zero.
   - Read-only; never changes anything.
 options:
@@ -32,8 +35,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 snapshot:
-  description: t (epoch seconds), platform, zone (the powercap path or null), energy_uj and
-    max_energy_range_uj (integers, or null without a counter), reason (why there is none, else null).
+  description: t (epoch seconds), platform, zones ({powercap path of each package - {energy_uj,
+    max_energy_range_uj}}, or null), zone, energy_uj and max_energy_range_uj (the first package's, or
+    null without a counter), reason (why there is none, else null).
   returned: always
   type: dict
 """

@@ -14,7 +14,8 @@ description:
     C(auth) (how it authenticates), and optionally C(reason), C(probe) (how the exposure test shows
     a request without the credential refused) and C(metrics) (what Prometheus scrapes there: C(job),
     C(path) (default C(/metrics)), C(credential_file) (a file on the scraping host holding the bearer
-    token alone) and, when that file is a JSON object of tokens, C(credential_json_key)).
+    token alone) and, when that file is a JSON object of tokens, C(credential_json_key), or when it is a
+    map of C(name token) lines (HAProxy's), C(credential_map_key)).
   - The host's firewall (role vca_boot), docs/EXPOSURE.md and the exposure audit
     (playbooks/exposure.yml) are all made from this one table.
   - Runs on the controller only (an action plugin); it contacts nothing.

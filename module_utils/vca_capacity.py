@@ -1,10 +1,15 @@
 # SPDX-License-Identifier: MIT
 """The additive-capacity benchmark's accounting (playbooks/bench/capacity.yml, docs/CAPACITY.md).
 
-- Energy: one RAPL package snapshot per machine before and after a leg's load; the difference is
-  taken modulo max_energy_range_uj (vca_sensors.energy_delta_uj, as vcamon does). A machine
-  without a counter, or whose counter changed range or zone between the two readings, has no
-  energy figure, and then neither has the leg: a missing counter is never 0 J.
+- Energy: one snapshot of every RAPL package (package-0, package-1, ...: every socket) per machine
+  before and after a leg's load; each package's difference is taken modulo its max_energy_range_uj
+  (vca_sensors.energy_delta_uj, as vcamon does) and the packages are summed. A machine without a
+  counter, or whose counters changed range or zones between the two readings, has no energy figure,
+  and then neither has the leg: a missing counter is never 0 J.
+- Every leg is charged the host's energy over its run too (the frontend's: it runs Locust and
+  HAProxy for every chat leg, and the card cannot run without a host powered on): "card alone" is
+  the nodes plus the host's idle, Locust and HAProxy; the nodes' own figure is kept beside it
+  (tok_j_workers).
 - Tokens: Locust 2.x's own --json-file for requests, failures and its latency histogram; the
   locustfile's token file (playbooks/bench/files/capacity_locustfile.py) for the completion
   tokens of every answer and the run's start and stop.
@@ -19,7 +24,7 @@ import json
 import math
 import time
 
-from .vca_sensors import energy_delta_uj, platform, rapl_package_zone
+from .vca_sensors import energy_delta_uj, platform, rapl_package_zones
 
 RECORD_FORMAT = "vcafleet-capacity/1"
 TOKENS_FORMAT = "vcafleet-capacity-tokens/1"
@@ -39,31 +44,42 @@ SEED = {
 
 # --- energy -------------------------------------------------------------------------------------
 
-def energy_snapshot(sysfs, clock=time.time, proc_root="/proc"):
-    """The machine's RAPL package counter now: zone, energy_uj, max_energy_range_uj, t (epoch s)
-    and the platform label. Without a package zone (or a readable counter) energy_uj is None and
-    reason says why."""
-    snap = {"t": clock(), "platform": platform(sysfs, proc_root), "zone": None,
-            "energy_uj": None, "max_energy_range_uj": None, "reason": None}
-    zone = rapl_package_zone(sysfs)
-    if zone is None:
-        snap["reason"] = "no RAPL package-0 zone under %s" % sysfs.root
-        return snap
-    snap["zone"] = zone
+def _read_zone(sysfs, zone):
+    """(energy_uj, max_energy_range_uj) of one zone, or a string saying why not."""
     energy = sysfs.read_optional(zone + "/energy_uj")
     max_range = sysfs.read_optional(zone + "/max_energy_range_uj")
     if energy in (None, "") or max_range in (None, ""):
-        snap["reason"] = "%s has no %s" % (zone, "energy_uj" if energy in (None, "") else "max_energy_range_uj")
-        return snap
+        return "%s has no %s" % (zone, "energy_uj" if energy in (None, "") else "max_energy_range_uj")
     try:
-        snap["energy_uj"], snap["max_energy_range_uj"] = int(energy), int(max_range)
+        energy, max_range = int(energy), int(max_range)
     except ValueError:
-        snap["reason"] = "%s: unreadable counter %r / %r" % (zone, energy, max_range)
-        snap["energy_uj"] = snap["max_energy_range_uj"] = None
+        return "%s: unreadable counter %r / %r" % (zone, energy, max_range)
+    if max_range <= 0:
+        return "%s: max_energy_range_uj is %d" % (zone, max_range)
+    return energy, max_range
+
+
+def energy_snapshot(sysfs, clock=time.time, proc_root="/proc"):
+    """The machine's RAPL package counters now: zones {zone: {energy_uj, max_energy_range_uj}} (every
+    package), t (epoch s) and the platform label; zone, energy_uj and max_energy_range_uj are the
+    first package's. Without a package zone, or with one unreadable, energy_uj is None and reason says
+    why (a machine is measured whole or not at all)."""
+    snap = {"t": clock(), "platform": platform(sysfs, proc_root), "zone": None, "zones": None,
+            "energy_uj": None, "max_energy_range_uj": None, "reason": None}
+    zones = rapl_package_zones(sysfs)
+    if not zones:
+        snap["reason"] = "no RAPL package-0 zone under %s" % sysfs.root
         return snap
-    if snap["max_energy_range_uj"] <= 0:
-        snap["reason"] = "%s: max_energy_range_uj is %d" % (zone, snap["max_energy_range_uj"])
-        snap["energy_uj"] = snap["max_energy_range_uj"] = None
+    snap["zone"] = zones[0]
+    read = {}
+    for zone in zones:
+        got = _read_zone(sysfs, zone)
+        if isinstance(got, str):
+            snap["reason"] = got
+            return snap
+        read[zone] = {"energy_uj": got[0], "max_energy_range_uj": got[1]}
+    snap["zones"] = read
+    snap["energy_uj"], snap["max_energy_range_uj"] = read[zones[0]]["energy_uj"], read[zones[0]]["max_energy_range_uj"]
     return snap
 
 
@@ -80,13 +96,19 @@ def machine_energy(before, after):
         if snap.get("energy_uj") is None or snap.get("max_energy_range_uj") is None:
             out["reason"] = "no energy counter (%s: %s)" % (when, snap.get("reason") or "not read")
             return out
-    if before.get("zone") != after.get("zone") or before["max_energy_range_uj"] != after["max_energy_range_uj"]:
-        out["reason"] = "the counter changed between the readings (zone or max_energy_range_uj)"
+    zones = {z: v["max_energy_range_uj"] for z, v in (before.get("zones") or {}).items()}
+    if (before.get("zone") != after.get("zone") or before["max_energy_range_uj"] != after["max_energy_range_uj"]
+            or zones != {z: v["max_energy_range_uj"] for z, v in (after.get("zones") or {}).items()}):
+        out["reason"] = "the counter changed between the readings (zones or max_energy_range_uj)"
         return out
     if out["seconds"] is None or out["seconds"] <= 0:
         out["reason"] = "the snapshots' times do not advance"
         return out
-    uj = energy_delta_uj(before["energy_uj"], after["energy_uj"], before["max_energy_range_uj"])
+    if zones:            # every package, each across its own wrap
+        uj = sum(energy_delta_uj(before["zones"][z]["energy_uj"], after["zones"][z]["energy_uj"], r)
+                 for z, r in zones.items())
+    else:                # a snapshot of one package only (an older record)
+        uj = energy_delta_uj(before["energy_uj"], after["energy_uj"], before["max_energy_range_uj"])
     out["joules"] = uj / 1e6
     out["watts"] = out["joules"] / out["seconds"]
     return out
@@ -178,6 +200,7 @@ def token_summary(doc):
     samples = doc.get("samples") or []
     ok = [s for s in samples if s.get("ok") and s.get("completion_tokens") is not None]
     latencies = [s["ms"] for s in ok]
+    ttft = [s["ttft_ms"] for s in ok if s.get("ttft_ms") is not None]
     workers = {}
     for s in samples:
         if s.get("worker"):
@@ -193,6 +216,9 @@ def token_summary(doc):
         "p50_ms": percentile(latencies, 50),
         "p95_ms": percentile(latencies, 95),
         "max_tokens": doc.get("max_tokens"),
+        "stream": bool(doc.get("stream")),
+        "ttft_p50_ms": percentile(ttft, 50),
+        "ttft_p95_ms": percentile(ttft, 95),
     }
 
 
@@ -209,6 +235,9 @@ def chat_load(locust_json, tokens_doc):
         "tok_s": tokens["completion_tokens"] / tokens["seconds"],
         "p50_ms": tokens["p50_ms"],
         "p95_ms": tokens["p95_ms"],
+        "stream": tokens["stream"],
+        "ttft_p50_ms": tokens["ttft_p50_ms"],
+        "ttft_p95_ms": tokens["ttft_p95_ms"],
         "locust": {"p50_ms": stats["p50_ms"], "p95_ms": stats["p95_ms"], "entries": stats["entries"]},
         "consistent": tokens["samples"] == stats["requests"] and tokens["unanswered"] == stats["failures"],
         "workers": tokens["workers"],
@@ -280,21 +309,26 @@ def _window(energy):
     return round(max(spans), 3) if spans else None
 
 
-def _leg(leg, kind, before, after):
+def _leg(leg, kind, before, after, host=None):
     """What every leg's record has: its name, setup, kind and machines, their platform labels (from
-    the snapshots) and the leg's energy."""
-    energy = leg_energy(leg["machines"], before, after)
+    the snapshots) and the leg's energy: its machines' and the host's (energy_machines), and its
+    machines' alone (workers_energy)."""
+    charged = list(leg["machines"]) + ([host] if host and host not in leg["machines"] else [])
+    energy = leg_energy(charged, before, after)
     labels = [(after or {}).get(m, (before or {}).get(m, {})).get("platform") for m in leg["machines"]]
     return {"name": leg["name"], "setup": leg.get("setup", leg["name"]), "kind": kind,
             "machines": list(leg["machines"]), "platform": leg_platform(labels) if any(labels) else None,
-            "platforms": dict(zip(leg["machines"], labels, strict=True)), "energy": energy}
+            "platforms": dict(zip(leg["machines"], labels, strict=True)), "energy": energy,
+            "energy_machines": charged, "workers_energy": leg_energy(leg["machines"], before, after)}
 
 
-def chat_leg(leg, load, before, after):
-    """A chat leg's record: leg = {name, setup, machines}; load = chat_load() or None (not run)."""
-    out = _leg(leg, "chat", before, after)
+def chat_leg(leg, load, before, after, host=None):
+    """A chat leg's record: leg = {name, setup, machines}; load = chat_load() or None (not run); host:
+    the machine charged with every leg too (the frontend)."""
+    out = _leg(leg, "chat", before, after, host)
     energy = out["energy"]
-    out.update(load=load, tok_s=None, tok_j=None, p50_ms=None, p95_ms=None, energy_window_s=_window(energy))
+    out.update(load=load, tok_s=None, tok_j=None, tok_j_workers=None, p50_ms=None, p95_ms=None,
+               ttft_p50_ms=None, ttft_p95_ms=None, stream=bool(leg.get("stream")), energy_window_s=_window(energy))
     if load is None:
         out["reason"] = leg.get("reason") or "no load result: the leg failed or did not run (see the play's output)"
         return out
@@ -306,6 +340,10 @@ def chat_leg(leg, load, before, after):
     out["tok_s"] = _rnd(load["tok_s"], 2)
     out["p50_ms"] = _rnd(load["p50_ms"], 1)
     out["p95_ms"] = _rnd(load["p95_ms"], 1)
+    out["ttft_p50_ms"] = _rnd(load.get("ttft_p50_ms"), 1)
+    out["ttft_p95_ms"] = _rnd(load.get("ttft_p95_ms"), 1)
+    if out["workers_energy"]["joules"]:
+        out["tok_j_workers"] = round(load["completion_tokens"] / out["workers_energy"]["joules"], 4)
     if energy["joules"]:
         out["tok_j"] = round(load["completion_tokens"] / energy["joules"], 4)
     elif energy["joules"] == 0:
@@ -316,9 +354,10 @@ def chat_leg(leg, load, before, after):
     return out
 
 
-def transcode_leg(leg, results, before, after):
-    """A transcode leg: results = {machine: transcode_result()}; fps summed, fps per W summed."""
-    out = _leg(leg, "transcode", before, after)
+def transcode_leg(leg, results, before, after, host=None):
+    """A transcode leg: results = {machine: transcode_result()}; fps summed, fps per W summed (the
+    host's W included, as for a chat leg)."""
+    out = _leg(leg, "transcode", before, after, host)
     energy = out["energy"]
     results = results or {}
     fps = [results.get(m, {}).get("fps") for m in leg["machines"]]
@@ -340,10 +379,11 @@ def scaling(points):
              "ratio": round(t / base, 3) if (t is not None and base) else None} for n, t in points]
 
 
-def build_record(timestamp, params, legs, scaling_legs=(), transcode_legs=()):
-    """The run's record. legs / scaling_legs: chat_leg() records (scaling legs carry nodes);
-    transcode_legs: transcode_leg() records."""
-    everything = list(legs) + list(scaling_legs) + list(transcode_legs)
+def build_record(timestamp, params, legs, scaling_legs=(), transcode_legs=(), *, stream_legs=()):
+    """The run's record. legs / scaling_legs / stream_legs: chat_leg() records (scaling legs carry
+    nodes; stream legs streamed, with their time to first token); transcode_legs: transcode_leg()
+    records."""
+    everything = list(legs) + list(scaling_legs) + list(transcode_legs) + list(stream_legs)
     record = {
         "format": RECORD_FORMAT,
         "timestamp": timestamp,
@@ -354,6 +394,7 @@ def build_record(timestamp, params, legs, scaling_legs=(), transcode_legs=()):
         "scaling": {"legs": list(scaling_legs),
                     "curve": scaling([(len(leg["machines"]), leg["tok_s"]) for leg in scaling_legs])},
         "transcode": list(transcode_legs),
+        "streaming": list(stream_legs),
         "seed": SEED,
     }
     record["scaling"]["plumbing_check_only"] = any(leg["platform"] != "hardware" for leg in scaling_legs)
@@ -373,21 +414,22 @@ def assemble(timestamp, params, legs, results, frontend):
     """The record from the playbook's raw results: legs as planned ({name, setup, kind, group,
     machines, reason when not run}); results {machine: {leg name: {before, after, load, transcode}}}
     as each machine registered them; frontend: the machine that ran the load generator."""
-    main, curve, video = [], [], []
+    main, curve, video, streamed = [], [], [], []
     for leg in legs:
         for key in ("name", "kind", "machines"):
             if key not in leg:
                 raise ValueError("leg %r has no %s" % (leg, key))
-        mine = {m: ((results or {}).get(m) or {}).get(leg["name"]) or {} for m in leg["machines"]}
+        charged = list(leg["machines"]) + ([frontend] if frontend and frontend not in leg["machines"] else [])
+        mine = {m: ((results or {}).get(m) or {}).get(leg["name"]) or {} for m in charged}
         before = {m: r["before"] for m, r in mine.items() if r.get("before")}
         after = {m: r["after"] for m, r in mine.items() if r.get("after")}
         if leg["kind"] == "transcode":
-            runs = {m: r["transcode"] for m, r in mine.items() if r.get("transcode")}
-            video.append(transcode_leg(leg, runs if not leg.get("reason") else {}, before, after))
+            runs = {m: r["transcode"] for m, r in mine.items() if r.get("transcode") and m in leg["machines"]}
+            video.append(transcode_leg(leg, runs if not leg.get("reason") else {}, before, after, frontend))
             if leg.get("reason"):
                 video[-1]["reason"] = leg["reason"]
             continue
         load = None if leg.get("reason") else (((results or {}).get(frontend) or {}).get(leg["name"]) or {}).get("load")
-        done = chat_leg(leg, load, before, after)
-        (curve if leg.get("group") == "scaling" else main).append(done)
-    return build_record(timestamp, params, main, curve, video)
+        done = chat_leg(leg, load, before, after, frontend)
+        {"scaling": curve, "stream": streamed}.get(leg.get("group"), main).append(done)
+    return build_record(timestamp, params, main, curve, video, stream_legs=streamed)

@@ -42,6 +42,19 @@ def coretemp(sysfs):
     return temps
 
 
+def rapl_package_zones(sysfs):
+    """Every package's powercap zone (package-0, package-1, ... on a machine of several sockets), found
+    by name, in package order."""
+    found = []
+    for zone in sysfs.listdir(POWERCAP):
+        if not zone.startswith("intel-rapl:") or zone.count(":") != 1:
+            continue
+        name = sysfs.read_optional("%s/%s/name" % (POWERCAP, zone)) or ""
+        if name.startswith("package-") and name[len("package-"):].isdigit():
+            found.append((int(name[len("package-"):]), "%s/%s" % (POWERCAP, zone)))
+    return [zone for _, zone in sorted(found)]
+
+
 def rapl_package_zone(sysfs):
     """The powercap zone of package 0, found by its name (package-0), never by index."""
     for zone in sysfs.listdir(POWERCAP):

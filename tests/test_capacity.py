@@ -84,6 +84,25 @@ def test_energy_snapshot_of_the_simulated_tree_and_of_a_host_without_rapl(sim_tr
     assert h["platform"] == "unknown"
 
 
+def test_every_package_of_a_two_socket_machine_is_read_and_summed(sim_tree):
+    """(issue 46) package-0 alone left a two-socket host's second socket out of every figure."""
+    second = sim_tree.rapl.parent / "intel-rapl:1"
+    second.mkdir()
+    (second / "name").write_text("package-1\n")
+    (second / "max_energy_range_uj").write_text("%d\n" % MAX)
+    (sim_tree.rapl / "energy_uj").write_text("1000000\n")
+    (second / "energy_uj").write_text("%d\n" % (MAX - 1_000_000))          # about to wrap
+    sysfs = Sysfs(str(sim_tree.root))
+    before = cap.energy_snapshot(sysfs, clock=lambda: 0.0)
+    assert sorted(before["zones"]) == ["class/powercap/intel-rapl:0", "class/powercap/intel-rapl:1"]
+    (sim_tree.rapl / "energy_uj").write_text("11000000\n")                 # +10 J
+    (second / "energy_uj").write_text("4000000\n")                         # +5 J across the wrap
+    e = cap.machine_energy(before, cap.energy_snapshot(sysfs, clock=lambda: 10.0))
+    assert e["joules"] == pytest.approx(15.0) and e["watts"] == pytest.approx(1.5)
+    (second / "energy_uj").write_text("")                                   # one package unreadable:
+    assert cap.energy_snapshot(sysfs)["energy_uj"] is None                  # no figure for the machine
+
+
 def test_vca_energy_module(sim_tree, capsys):
     (sim_tree.rapl / "energy_uj").write_text("777\n")
     out = run_module("vca_energy", {"sysfs_root": str(sim_tree.root)}, capsys)
@@ -145,10 +164,45 @@ class FakeLlama(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _stream(self, req):
+        """As llama-server streams: a first token after FIRST_TOKEN_S, the others 10 ms apart, then a last
+        event with usage (asked for with stream_options) and [DONE], chunked."""
+        with self.lock:
+            n = len(self.served)
+            tokens = min(3 + n % 5, req["max_tokens"])
+            self.served.append((tokens, False))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def event(obj):
+            if isinstance(obj, dict):   # llama-server's fields: an event is some 200 bytes, as there
+                obj = dict(obj, id="chatcmpl-%032d" % n, object="chat.completion.chunk", model="fake",
+                           system_fingerprint="b0000-fake")
+            data = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+        threading.Event().wait(0.05)            # the role event in a packet of its own, not with the headers
+        event({"choices": [{"delta": {"role": "assistant"}}]})
+        threading.Event().wait(self.FIRST_TOKEN_S)
+        for _ in range(tokens):
+            event({"choices": [{"delta": {"content": "x "}}]})
+            threading.Event().wait(0.01)
+        if (req.get("stream_options") or {}).get("include_usage"):
+            event({"choices": [], "usage": {"completion_tokens": tokens, "prompt_tokens": 11}})
+        event(b"[DONE]")
+        self.wfile.write(b"0\r\n\r\n")
+
+    FIRST_TOKEN_S = 0.5
+
     def do_POST(self):
         req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
         if self.token and self.headers.get("Authorization") != "Bearer %s" % self.token:
             self._send(401, {"error": "unauthorized"})
+            return
+        if req.get("stream"):
+            self._stream(req)
             return
         with self.lock:
             n = len(self.served)
@@ -209,6 +263,22 @@ def test_real_locust_run_counts_tokens_failures_and_latency(fake_llama, tmp_path
     # Locust's final CSV row agrees on the count when it was written at the end
     entries = json.loads(stats_text)
     assert entries[0]["name"] == "chat" and entries[0]["method"] == "POST"
+
+
+def test_a_streamed_run_times_the_first_token(fake_llama, tmp_path):
+    """(issue 46) --vca-stream: every answer streamed, its time to first token (the server waits
+    FIRST_TOKEN_S before it) apart from its whole time; tokens from the last event's usage."""
+    url = "http://127.0.0.1:%d" % fake_llama.server_address[1]
+    stats_text, tokens_text = run_locust(url, tmp_path, seconds=3, users=2, extra=("--vca-stream",))
+    served = list(FakeLlama.served)
+    load = cap.chat_load(stats_text, tokens_text)
+    assert load["stream"] is True and load["requests"] == len(served) > 3 and load["failures"] == 0
+    assert load["completion_tokens"] == sum(t for t, _ in served)
+    first = FakeLlama.FIRST_TOKEN_S * 1000
+    assert first <= load["ttft_p50_ms"] <= load["ttft_p95_ms"] < load["p95_ms"]
+    assert load["ttft_p50_ms"] < load["p50_ms"]            # the first token comes before the last
+    leg = cap.chat_leg({"name": "stream", "machines": ["vca-node0", "vca-node1"], "stream": True}, load, {}, {})
+    assert leg["stream"] and leg["ttft_p50_ms"] == round(load["ttft_p50_ms"], 1)
 
 
 def test_vca_capacity_chat_module_sends_the_token(fake_llama, capsys):
@@ -296,14 +366,16 @@ def lab_results(host_has_rapl=False):
     res = {m: {} for m in ["vca-host", *NODES]}
     tokens = {"host": 3000, "card": 2400, "both": 5400, "scaling-1": 900, "scaling-2": 1710, "scaling-3": 2400}
     for leg in LEGS:
-        for i, m in enumerate(leg["machines"]):
+        # the host is snapshotted for every leg (it is charged with each), first when not a worker
+        machines = leg["machines"] if "vca-host" in leg["machines"] else ["vca-host", *leg["machines"]]
+        for i, m in enumerate(machines):
             if m == "vca-host" and not host_has_rapl:
                 b, a = no_counter(0.0), no_counter(60.0)
             else:
                 start = MAX - 10_000_000 if i == 0 else 0          # the first machine's counter wraps
                 b, a = snap(start, 0.0), snap((start + 600_000_000) % MAX, 60.0)   # 600 J in 60 s = 10 W
             entry = {"before": b, "after": a, "load": None, "transcode": None}
-            if leg["kind"] == "transcode":
+            if leg["kind"] == "transcode" and m in leg["machines"]:
                 entry["transcode"] = {"encoder": "libx264", "fps": 50.0, "frames": 600, "seconds": 12.0,
                                       "reason": None}
             res[m][leg["name"]] = entry
@@ -320,8 +392,11 @@ def test_assemble_lab_record():
     assert rec["format"] == "vcafleet-capacity/1" and rec["platform"] == "lab"
     card = legs["card"]
     assert card["tok_s"] == pytest.approx(40.0)
-    assert card["energy"]["joules"] == pytest.approx(1800.0)   # 3 x 600 J, one across a wrap
-    assert card["tok_j"] == pytest.approx(2400 / 1800.0, abs=1e-4)
+    assert card["workers_energy"]["joules"] == pytest.approx(1800.0)   # 3 x 600 J, one across a wrap
+    assert card["tok_j_workers"] == pytest.approx(2400 / 1800.0, abs=1e-4)
+    # the card is charged the host too, which has no counter in the lab: no tok/J, and why
+    assert card["energy_machines"] == [*NODES, "vca-host"]
+    assert card["tok_j"] is None and "vca-host" in card["tok_j_reason"]
     assert card["platform"] == "lab" and card["p50_ms"] == 800.0 and card["p95_ms"] == 1500.0
     assert card["energy_window_s"] == 60.0
     # the lab host has no RAPL zone: no tok/J for a leg that includes it, and the record says why
@@ -343,6 +418,10 @@ def test_assemble_with_a_host_counter_and_skipped_legs():
     legs = {leg["name"]: leg for leg in rec["legs"]}
     assert legs["both"]["energy"]["joules"] == pytest.approx(2400.0)
     assert legs["both"]["tok_j"] == pytest.approx(5400 / 2400.0, abs=1e-4)
+    # (issue 46) the card alone pays the host's 600 J over its run too (its idle, Locust, HAProxy)
+    assert legs["card"]["energy"]["joules"] == pytest.approx(2400.0)
+    assert legs["card"]["tok_j"] == pytest.approx(2400 / 2400.0, abs=1e-4)
+    assert legs["card"]["tok_j_workers"] == pytest.approx(2400 / 1800.0, abs=1e-4)
     video = {leg["name"]: leg for leg in rec["transcode"]}
     assert video["transcode-both"]["fps_w"] == pytest.approx(200.0 / 40.0)
     assert rec["transcode_card_adds"]["watts"] == pytest.approx(30.0)
@@ -395,7 +474,8 @@ def test_table_labels_lab_figures_and_keeps_the_seed_apart():
     rows = [line for line in ours.splitlines() if line.startswith("| ")]
     card = next(r for r in rows if r.startswith("| card alone (3 nodes) |"))
     cells = [c.strip() for c in card.strip("|").split("|")]
-    assert cells[:6] == ["card alone (3 nodes)", "lab", "40.0", "1.333", "800", "1500"]
+    assert cells[:7] == ["card alone (3 nodes)", "lab", "40.0", "-", "1.333", "800", "1500"]
+    assert cells[11] == "vca-node0, vca-node1, vca-node2, vca-host"     # energy of: the host too
     both = next(r for r in rows if r.startswith("| both |") and "libx264" not in r)
     assert [c.strip() for c in both.strip("|").split("|")][3] == "-"       # no tok/J without the host's counter
     assert "Capacity, 20261202T020000Z (platform: lab)" in ours
@@ -421,6 +501,24 @@ def test_table_of_a_hardware_run_has_no_lab_warning():
     assert "not the same kind of number" not in table
     assert "plumbing only" not in table
     assert "| both | hardware | 90.0 | 2.250 |" in table
+    assert "| card alone (3 nodes) | hardware | 40.0 | 1.000 | 1.333 |" in table
+
+
+def test_a_streamed_leg_is_its_own_section_with_its_time_to_first_token():
+    legs = [*LEGS, {"name": "stream", "setup": "both, streamed", "kind": "chat", "group": "stream", "stream": True,
+                    "machines": ["vca-host", *NODES]}]
+    res = lab_results(host_has_rapl=True)
+    for m in ["vca-host", *NODES]:
+        res[m]["stream"] = dict(res[m]["both"])
+    res["vca-host"]["stream"] = dict(res["vca-host"]["both"], load=dict(load(5400), stream=True, ttft_p50_ms=120.0,
+                                                                           ttft_p95_ms=480.0))
+    rec = cap.assemble("t", {"users": 8, "duration_s": 60, "max_tokens": 128, "url": "u", "transcode_frames": 1800},
+                       legs, res, "vca-host")
+    assert [leg["name"] for leg in rec["legs"]] == ["host", "card", "both"]      # the main table is unchanged
+    (streamed,) = rec["streaming"]
+    assert streamed["stream"] and streamed["ttft_p50_ms"] == 120.0 and streamed["ttft_p95_ms"] == 480.0
+    table = render(rec)
+    assert "## Streamed" in table and "| both, streamed | lab | 90.0 | 120 | 480 | 800 | 1500 |" in table
 
 
 def test_vca_capacity_report_module(capsys):
@@ -444,7 +542,8 @@ def test_playbook_wiring():
     include = next(t for t in legs_play["tasks"] if "ansible.builtin.include_tasks" in t)
     assert (BENCH / include["ansible.builtin.include_tasks"]).exists()
     leg = yaml.safe_load((BENCH / include["ansible.builtin.include_tasks"]).read_text())[0]
-    assert [t["name"].split(" (")[0] for t in leg["always"]] == ["Every server back in the state it was found in"]
+    assert [t["name"].split(" (")[0] for t in leg["always"]] == [
+        "The servers' states after the leg", "The servers the leg took out, back in service"]
     names = [t["name"].split(" (")[0] for t in leg["block"]]
     assert names.index("Energy counters before the load") < names.index("Chat load at the frontend") \
         < names.index("Energy counters after the load")

@@ -155,7 +155,7 @@ def test_platform_is_the_sensors_readers(node_tree):
     expected = read_all(str(node_tree.root), sample_seconds=0)["platform"]
     assert expected in PLATFORMS
     text = metrics(node_tree)
-    assert 'vcamon_platform{platform="%s"} 1.0' % expected in text
+    assert 'vcamon_platform_info{platform="%s"} 1.0' % expected in text
     assert parse("vca-node0", text).platform == expected
 
 
@@ -281,7 +281,10 @@ def test_promtool_accepts_the_agents_text(node_tree, tmp_path, monkeypatch):
     sensors = Sensors(str(node_tree.root), filesystems=(str(tmp_path),), units=("smem.service",))
     monkeypatch.setattr(sensors, "unit_states", lambda: {"smem.service": "active", "farm-worker.service": "failed"})
     text = exposition(sensors, "vca-node0").decode()
-    assert 'vcamon_unit_active{state="failed",unit="farm-worker.service"} 0.0' in text
+    assert 'vcamon_unit_active{unit="farm-worker.service"} 0.0' in text
+    assert 'vcamon_unit_state{state="failed",unit="farm-worker.service"} 1.0' in text
+    assert 'vcamon_unit_state{state="active",unit="farm-worker.service"} 0.0' in text
+    assert parse("vca-node0", text).units == {"smem.service": "active", "farm-worker.service": "failed"}
     promtool = shutil.which("promtool")
     assert promtool, "promtool (Debian's prometheus package, scripts/host-packages.txt) is not on PATH"
     r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60,

@@ -17,7 +17,7 @@ from test_web import CHROMIUM, chromium, request
 from conftest import http_server
 from vcamon import cli, fleet
 from vcamon.agent import parse_units, start_agent
-from vcamon.collector import Collector
+from vcamon.collector import Collector, load_targets
 from vcamon.store import Scrape, Store
 from vcamon.web import start_web
 
@@ -290,3 +290,34 @@ def test_an_agents_services_reach_what_runs_and_what_is_open(tmp_path, monkeypat
     assert runs[("farm-worker", "vca-node0")] == (False, "failed")
     assert {"what": "service not active", "where": "farm-worker.service on vca-node0",
             "detail": "failed"} in view["open"]
+
+
+def test_a_node_the_inventory_calls_dead_is_shown_dead_and_is_not_open(tmp_path):
+    """(issue 46) targets.json marks the inventory's dead nodes: still scraped and recorded down, shown dead
+    under what runs, never an open problem (its throttle history neither); a live node down still is."""
+    store = Store(str(tmp_path / "vcamon.db"))
+    targets = [{"node": "vca-node3", "url": "http://127.0.0.1:9/metrics", "dead": True},
+               {"node": "vca-node4", "url": "http://127.0.0.1:9/metrics"}]
+    Collector(store, targets, interval=5).round()
+    view = fleet.view(store)
+    runs = {r["node"]: r for r in view["runs"] if r["service"] == "vcamon agent"}
+    assert runs["vca-node3"]["dead"] and not runs["vca-node3"]["up"]
+    assert not runs["vca-node4"]["dead"] and not runs["vca-node4"]["up"]
+    assert [(i["what"], i["where"]) for i in view["open"]] == [("node down", "vca-node4")]
+    assert view["agents_at"] and view["now"] - view["agents_at"] < 60
+    assert "vca-node3   dead" in fleet.text(view)
+
+
+def test_a_bad_dead_flag_is_refused(tmp_path):
+    targets = tmp_path / "targets.json"
+    targets.write_text(json.dumps([{"node": "n", "url": "http://x/metrics", "dead": "yes"}]))
+    with pytest.raises(ValueError, match="'dead' must be true or false"):
+        load_targets(str(targets))
+
+
+def test_an_llm_worker_down_is_open():
+    services = [{"job": "haproxy", "node": "h", "up": True, "error": None, "samples": [
+        ["haproxy_server_status", {"proxy": "llm_workers", "server": "vca-node0", "state": "DOWN"}, 1.0],
+        ["haproxy_server_status", {"proxy": "llm_worker_vca-node0", "server": "vca-node0", "state": "DOWN"}, 1.0],
+        ["haproxy_server_status", {"proxy": "llm_workers", "server": "vca-node1", "state": "DOWN"}, 0.0]]}]
+    assert [(i["what"], i["where"]) for i in fleet.open_items([], services)] == [("LLM worker down", "vca-node0")]

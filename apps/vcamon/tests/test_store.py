@@ -52,10 +52,28 @@ def test_throttle_events_carry_delta_and_temperature_and_survive_a_reset(store):
     store.record_round(T0 + 30, [up("n", temp=93.0, throttle={"core 0:2": 8, "package 0": 1})])
     store.record_round(T0 + 60, [up("n", throttle={"core 0:2": 2, "package 0": 1})])   # node rebooted
     ev = store.events(0, kinds=["throttle"])
-    assert [(e["ts"], e["subject"], e["delta"], e["temperature_c"]) for e in ev] == [
-        (T0 + 30, "core 0:2", 3, 92.0),          # Core 2's temperature at the time
-        (T0 + 60, "core 0:2", 2, 49.0),
+    # one span (the two 30 s apart): both deltas, the hottest temperature (Core 2's at the time)
+    assert [(e["ts"], e["until_ts"], e["subject"], e["delta"], e["temperature_c"]) for e in ev] == [
+        (T0 + 30, T0 + 60, "core 0:2", 5, 92.0),
     ]
+
+
+def test_a_node_throttling_all_day_writes_a_row_an_hour_not_one_a_scrape(store):
+    day = [T0 + 60 * i for i in range(1440)]            # a scrape a minute for 24 h, throttling at each
+    for i, ts in enumerate(day):
+        store.record_round(ts, [up("n", throttle={"package 0": i})])
+    ev = store.events(0, kinds=["throttle"])
+    assert len(ev) == 24 and sum(e["delta"] for e in ev) == len(day) - 1
+    assert all(e["until_ts"] - e["ts"] < 3600 for e in ev)
+    status = {r["node"]: r for r in store.status(day[-1])}
+    assert status["n"]["throttle_24h"] == len(day) - 1
+
+
+def test_throttle_events_apart_by_more_than_the_gap_are_two_spans(store):
+    for ts, count in ((T0, 1), (T0 + 10, 2), (T0 + 20, 4), (T0 + 500, 9)):
+        store._record_counters(ts, up("n", throttle={"package 0": count}))
+    ev = store.events(0, kinds=["throttle"])
+    assert [(e["ts"], e["until_ts"], e["delta"]) for e in ev] == [(T0 + 10, T0 + 20, 3), (T0 + 500, T0 + 500, 5)]
 
 
 def test_cap_changes_are_events_and_status_shows_the_cap_in_force(store):
@@ -167,6 +185,7 @@ INSERT INTO meta VALUES ('rolled_up_to', '1700000100');
 """
 OLD_TABLES = ("series", "samples", "rollups", "scrapes", "events", "caps", "counters", "nodes", "meta")
 OLD_NODE_COLUMNS = "node, url, up, since, last_seen, last_error, vca_state, vca_state_since"
+OLD_EVENT_COLUMNS = "id, ts, node, kind, subject, delta, value, temperature_c, detail"
 
 
 def old_database(path):
@@ -176,8 +195,8 @@ def old_database(path):
 
 
 def dump(db):
-    return {t: sorted(db.execute("SELECT %s FROM %s" % (OLD_NODE_COLUMNS if t == "nodes" else "*", t)).fetchall())
-            for t in OLD_TABLES}
+    columns = {"nodes": OLD_NODE_COLUMNS, "events": OLD_EVENT_COLUMNS}
+    return {t: sorted(db.execute("SELECT %s FROM %s" % (columns.get(t, "*"), t)).fetchall()) for t in OLD_TABLES}
 
 
 def test_a_database_of_the_old_schema_is_migrated_once_and_keeps_every_row(tmp_path):
@@ -188,7 +207,7 @@ def test_a_database_of_the_old_schema_is_migrated_once_and_keeps_every_row(tmp_p
     con.close()
 
     store = Store(path)
-    assert store.migrated == ["nodes.platform"]
+    assert store.migrated == ["nodes.platform", "events.until_ts"]
     assert dump(store.db) == before                      # nothing lost, nothing changed
     store.record_round(1_700_000_160, [up("vca-node4", platform="lab")])
     store.close()
@@ -235,7 +254,7 @@ def test_a_migration_another_process_finished_first_is_not_applied_twice(tmp_pat
     path = str(tmp_path / "old.db")
     old_database(path)
     first = Store(path)                                  # the other process: it migrates the file
-    assert first.migrated == ["nodes.platform"]
+    assert first.migrated == ["nodes.platform", "events.until_ts"]
     db = store_module.connect(path)
     real = store_module._columns
     looks = []
@@ -246,6 +265,6 @@ def test_a_migration_another_process_finished_first_is_not_applied_twice(tmp_pat
 
     monkeypatch.setattr(store_module, "_columns", stale_then_real)
     assert store_module.migrate(db) == []                # looked again under the write lock: nothing to add
-    assert len(looks) == 2
+    assert len(looks) == 1 + len(store_module.MIGRATIONS)   # the stale look, then each table under the lock
     db.close()
     first.close()

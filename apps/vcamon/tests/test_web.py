@@ -123,7 +123,8 @@ def test_lab_figures_are_labelled_on_the_page(page):
 
 
 def test_api_chart_nodes_and_errors(page):
-    status, _, body = request(page, "/api/chart?node=vca-node4&range=1h")
+    # 2h: the fixture's hour, however long the tests before this one took
+    status, _, body = request(page, "/api/chart?node=vca-node4&range=2h")
     chart = json.loads(body)
     assert status == 200 and chart["resolution"] == "raw" and len(chart["t"]) >= 119
     assert set(chart["pl1"]) == {35.0} and chart["platforms"] == ["lab"]
@@ -156,8 +157,10 @@ def test_with_a_token_every_request_needs_it(locked, path):
     expected = 404 if path == "/nope" else 200
     assert request(locked, path, headers={"Authorization": "Bearer " + TOKEN})[0] == expected
     assert request(locked, path, headers={"Cookie": "vcamon_token=" + TOKEN})[0] == expected
-    if path not in ("/", "/index.html"):                   # the page itself answers ?token= with a redirect
-        assert request(locked, path + sep + "token=" + TOKEN)[0] == expected
+    # (issue 46) a token in the address, on any path: a cookie, and the same address without it
+    status, headers, _ = request(locked, path + sep + "token=" + TOKEN)
+    assert status == 303 and TOKEN not in headers["Location"] and headers["Location"] == path
+    assert headers["Set-Cookie"].startswith("vcamon_token=%s;" % TOKEN)
 
 
 def test_a_browser_link_with_the_token_sets_a_cookie_and_drops_it_from_the_address(locked):
@@ -245,3 +248,35 @@ def test_an_agent_that_refused_the_collector_shows_as_an_authentication_failure(
         server.server_close()
     assert ">auth failed</td>" in rows["vca-node4"] and 'title="%s"' % refused in rows["vca-node4"]
     assert ">down</td>" in rows["vca-node3"] and "auth failed" not in rows["vca-node3"]
+
+
+def test_the_page_refreshes_itself_says_how_old_each_section_is_and_shows_dead_nodes_dead(tmp_path):
+    """(issue 46) The page reloads its figures every 30 s (here in Chromium's virtual time, 70 s of it),
+    each section says how old its figures are, and a node the inventory calls dead is shown dead, not as
+    an open problem."""
+    path = str(tmp_path / "vcamon.db")
+    store = Store(path)
+    now = int(time.time())
+    store.record_round(now - 20, [Scrape(node="vca-node0", ok=True, temps={"Package id 0": 50.0}, power_w=20.0),
+                                  Scrape(node="vca-node3", ok=False, error="URLError: timed out")])
+    store.set_meta("dead", json.dumps(["vca-node3"]))
+    store.set_meta("fleet", json.dumps({"at": now - 10, "services": []}))
+    store.close()
+    server = start_web("127.0.0.1:0", path)
+    try:
+        base = "http://127.0.0.1:%d" % server.server_address[1]
+        nodes = {n["node"]: n for n in json.loads(request(base, "/api/nodes")[2])["nodes"]}
+        assert nodes["vca-node3"]["dead"] and not nodes["vca-node0"]["dead"]
+        dom = chromium("--virtual-time-budget=70000", "--dump-dom", base + "/?range=1h").stdout
+    finally:
+        server.shutdown()
+        server.server_close()
+    body = re.search(r"<body[^>]*>", dom).group(0)
+    assert 'data-ready="1"' in body and int(re.search(r'data-refreshes="(\d+)"', body).group(1)) >= 1, body
+    ages = dict(re.findall(r'<span class="age[^"]*" data-section="(\w+)" data-seconds="(\d*)">', dom))
+    assert set(ages) == {"runs", "numbers", "open", "status"}, ages
+    assert ages["numbers"] == ""                                   # no bench record: never, and said so
+    assert all(ages[s] != "" and int(ages[s]) >= 10 for s in ("runs", "open", "status")), ages
+    _, rows = sections(dom)
+    assert '<td class="dead"' in rows["vca-node3"] and '<td class="dead"' not in rows["vca-node0"]
+    assert 'data-what="node down"' not in dom

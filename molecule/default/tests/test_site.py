@@ -368,7 +368,7 @@ def test_prometheus_scrapes_every_declared_exporter_and_every_target_is_up():
         time.sleep(5)
     assert targets and not down, down
     assert {t["labels"]["job"] for t in targets} == EXPORTERS
-    by_job = {job: {t["labels"]["node"] for t in targets if t["labels"]["job"] == job} for job in EXPORTERS}
+    by_job = {job: {t["labels"]["machine"] for t in targets if t["labels"]["job"] == job} for job in EXPORTERS}
     assert by_job["vcamon"] == {"vca-host"} | {f"vca-node{n}" for n in LIVE}, by_job      # never the dead node
     assert by_job["llama-server"] <= {f"vca-node{n}" for n in LIVE}, by_job
     ups = prometheus_api("query?query=up")["result"]

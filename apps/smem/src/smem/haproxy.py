@@ -2,8 +2,10 @@
 them with smem's lanes: the node's server in the workers' backend is drained (the requests in flight
 finish) and set ready again when the lease ends. Only what smem drained is returned, kept in the
 database (worker_drains), so a restarted smem still returns it and a worker an operator drained by
-hand stays drained. reconcile() brings HAProxy to the leases as they are now: on a lease's start and
-end, and every haproxy_sync_s for leases that expired and commands that failed."""
+hand stays drained. reconcile() brings HAProxy to the leases as they are now, read against what HAProxy
+says (`show servers state`), not against smem's own table: a reload that lost the server states, or a
+benchmark that set a server ready, would otherwise put a leased node back into chat service for the rest
+of its lease. It runs on a lease's start and end, and every haproxy_sync_s."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ import threading
 from smem.db import DB, now
 
 LOG = logging.getLogger("smem.haproxy")
+# srv_admin_state's bits (HAProxy's SRV_ADMF_*): forced maintenance, forced drain; set over the socket.
+FMAINT, FDRAIN = 0x01, 0x08
 
 
 class HAProxyError(RuntimeError):
@@ -50,19 +54,46 @@ class WorkerDrain:
     def drained(self) -> set[str]:
         return {r["node"] for r in self.db.rows("SELECT node FROM worker_drains")}
 
+    def admin_states(self) -> dict[str, int]:
+        """{server: srv_admin_state} of the backend, as HAProxy holds it now (`show servers state`)."""
+        answer = command(self.socket_path, "show servers state " + self.backend)
+        states = {}
+        for line in answer.splitlines():
+            f = line.split()   # be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state ...
+            if len(f) > 6 and f[0].isdigit() and f[1] == self.backend:
+                states[f[3]] = int(f[6])
+        if not states and not answer.startswith("1"):   # its first line is the format's version, 1
+            raise HAProxyError("HAProxy refused 'show servers state %s': %s" % (self.backend, answer))
+        return states
+
     def reconcile(self) -> None:
-        """Drain the leased nodes' workers that smem has not drained yet, return the ones whose lease
-        ended. A failure is logged and left for the next call; nothing is recorded that did not happen."""
+        """Drain every leased node's worker that HAProxy does not hold out of service now (smem's drain lost
+        to a reload, or undone by hand, is drained again); return the ones smem drained whose lease ended. A
+        worker already drained or in maintenance that smem did not drain is an operator's: never recorded, so
+        never returned. A failure is logged and left for the next call; nothing is recorded that did not
+        happen."""
         with self.lock:
-            leased, drained = set(self.lease_nodes()), self.drained()
-            for node in sorted(leased - drained):
+            leased, ours = set(self.lease_nodes()), self.drained()
+            try:
+                states = self.admin_states()
+            except (OSError, HAProxyError) as e:
+                LOG.warning("could not read the LLM workers' state in HAProxy (%s): will try again", e)
+                return
+            for node in sorted(leased):
+                if node not in states:
+                    continue   # the node runs no worker
+                if states[node] & (FDRAIN | FMAINT):
+                    continue   # out of service already: smem's drain, or an operator's
                 try:
-                    if self._set(node, "drain"):
+                    if self._set(node, "drain") and node not in ours:
                         with self.db.tx() as c:
                             c.execute("INSERT OR IGNORE INTO worker_drains VALUES (?, ?)", (node, now()))
+                    if node in ours:
+                        LOG.warning("%s's LLM worker was back in service during its lease (a reload?): drained "
+                                    "again", node)
                 except (OSError, HAProxyError) as e:
                     LOG.warning("could not drain %s's LLM worker in HAProxy (%s): will try again", node, e)
-            for node in sorted(drained - leased):
+            for node in sorted(ours - leased):
                 try:
                     self._set(node, "ready")   # gone from the backend: nothing to return
                     with self.db.tx() as c:

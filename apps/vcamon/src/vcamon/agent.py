@@ -213,11 +213,27 @@ def _vca_family(records):
     return state
 
 
+# systemd's ActiveStates: each unit has a series for every one (1 for its own), so a state change moves
+# a value, not a label (a label per state would start a new series and end the old one at every change).
+UNIT_STATES = ("active", "reloading", "inactive", "failed", "activating", "deactivating", "maintenance", "refreshing")
+
+
+def _unit_families(units):
+    active = GaugeMetricFamily("vcamon_unit_active", "1 while the service is active", labels=["unit"])
+    state = GaugeMetricFamily("vcamon_unit_state", "1 for the service's systemd ActiveState, 0 for the others",
+                              labels=["unit", "state"])
+    for unit, now in sorted(units.items()):
+        active.add_metric([unit], 1 if now == "active" else 0)
+        for s in UNIT_STATES + (() if now in UNIT_STATES else (now,)):
+            state.add_metric([unit, s], 1 if s == now else 0)
+    return [active, state]
+
+
 def families(reading, node):
     """Prometheus metric families for one reading; an absent sensor yields no family."""
     info = GaugeMetricFamily("vcamon_agent_info", "vcamon agent on this machine", labels=["node"])
     info.add_metric([node], 1)
-    platform = GaugeMetricFamily("vcamon_platform", "where these figures come from: hardware, lab (the "
+    platform = GaugeMetricFamily("vcamon_platform_info", "where these figures come from: hardware, lab (the "
                                  "simulator) or unknown", labels=["platform"])
     platform.add_metric([reading.get("platform") or "unknown"], 1)
     present = GaugeMetricFamily("vcamon_sensor_present", "1 when the sensor exists here", labels=["sensor"])
@@ -245,11 +261,7 @@ def families(reading, node):
     if reading["vca"] is not None:
         out.append(_vca_family(reading["vca"]))
     if reading.get("units"):
-        units = GaugeMetricFamily("vcamon_unit_active", "1 while the service is active; its ActiveState as a label",
-                                  labels=["unit", "state"])
-        for unit, state in sorted(reading["units"].items()):
-            units.add_metric([unit, state], 1 if state == "active" else 0)
-        out.append(units)
+        out += _unit_families(reading["units"])
     if reading.get("filesystems"):
         free = GaugeMetricFamily("vcamon_filesystem_free_bytes", "free space a service may use", labels=["mountpoint"])
         size = GaugeMetricFamily("vcamon_filesystem_size_bytes", "the filesystem's size", labels=["mountpoint"])

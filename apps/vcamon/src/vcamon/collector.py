@@ -37,6 +37,8 @@ def load_targets(path):
             problems.append("%s: target %d needs 'node' and 'url'" % (path, i))
         elif "token_file" in t and not (isinstance(t["token_file"], str) and t["token_file"]):
             problems.append("%s: target %d: 'token_file' must be a path" % (path, i))
+        elif not isinstance(t.get("dead", False), bool):
+            problems.append("%s: target %d: 'dead' must be true or false" % (path, i))
     names = [t.get("node") for t in targets if isinstance(t, dict)]
     problems += ["%s: node %s listed twice" % (path, n) for n in sorted({n for n in names if names.count(n) > 1})]
     if problems:
@@ -60,9 +62,9 @@ def parse(node, text, url=""):
                 s.throttle["%s %s" % (labels["scope"], labels["id"])] = int(value)
             elif name == "vcamon_vca_node_state":
                 s.vca_states[int(labels["vca_node"])] = labels["state"]
-            elif name == "vcamon_unit_active":
+            elif name == "vcamon_unit_state" and value == 1:
                 s.units[labels["unit"]] = labels["state"]
-            elif name == "vcamon_platform" and value == 1:
+            elif name == "vcamon_platform_info" and value == 1:
                 s.platform = labels["platform"]
     return s
 
@@ -114,6 +116,7 @@ class Collector:
         self.timeout = timeout or max(1.0, min(10.0, self.interval * 0.8))
         self.upkeep_every = upkeep_every
         self.vca_nodes = {t["vca_node"]: t["node"] for t in targets if t.get("vca_node") is not None}
+        self.dead = sorted(t["node"] for t in targets if t.get("dead"))
         self.tokens = {t["node"]: target_token(t) for t in targets}
         for node, (_, error) in sorted(self.tokens.items()):
             if error:
@@ -128,6 +131,8 @@ class Collector:
         self.store.record_round(now, results, self.vca_nodes)
         # what runs where, for the fleet page: the services each reachable agent reported this round
         self.store.set_meta("units", json.dumps({r.node: r.units for r in results if r.ok and r.units}))
+        # the inventory's dead nodes: still scraped (recorded down), shown dead rather than as a problem
+        self.store.set_meta("dead", json.dumps(self.dead))
         if self.fleet_config is not None:
             # the agents' pool: a slow service delays no other, and no second pool is kept
             scraped = fleet.scrape_services(self.fleet_config, self.timeout, now, self.pool.map)

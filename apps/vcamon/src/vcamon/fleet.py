@@ -5,8 +5,9 @@
   the credential its service keeps.
 - The numbers that matter: the newest GEMM, DMA and capacity records under records_dir (the bench
   playbooks publish each run there), every figure with its run's date and its own ``platform`` label.
-- What is open: dead nodes, throttle events in the last 24 h, services down, smem's failed documents,
-  dead workers and stuck queue, the farm's failed and stuck jobs, drained or leased workers.
+- What is open: nodes down (not the inventory's dead ones: what runs shows those dead), throttle events in
+  the last 24 h, services down, smem's failed documents, dead workers and stuck queue, the farm's failed
+  and stuck jobs, LLM workers down, drained or leased.
 
 fleet.json: {"services": [{"job": "smem", "node": "vca-host", "url": "http://127.0.0.1:8787/metrics",
 "credential_file": "/etc/smem/metrics.token", "credential_json_key": null}], "records_dir": "/var/lib/vcamon/records"}
@@ -193,19 +194,22 @@ def _farm_open(s):
 
 
 def _haproxy_open(s):
-    return [{"what": "worker drained", "where": labels.get("server", "?"), "detail": "HAProxy: %s" % labels["state"]}
+    what = {"DOWN": "LLM worker down", "DRAIN": "worker drained", "MAINT": "worker drained"}
+    return [{"what": what[labels["state"]], "where": labels.get("server", "?"),
+             "detail": "HAProxy: %s" % labels["state"]}
             for labels, v in _samples(s, "haproxy_server_status")
-            if v == 1 and labels.get("state") in ("DRAIN", "MAINT") and labels.get("proxy") == "llm_workers"]
+            if v == 1 and labels.get("state") in what and labels.get("proxy") == "llm_workers"]
 
 
 OPEN_BY_JOB = {"smem": _smem_open, "farm": _farm_open, "haproxy": _haproxy_open}
 
 
-def open_items(nodes, services, units=None):
-    """What needs an owner's look, most serious first: [{what, where, detail}]."""
+def open_items(nodes, services, units=None, dead=()):
+    """What needs an owner's look, most serious first: [{what, where, detail}]. A node the inventory
+    calls dead is known to be down: no open problem."""
     items = [{"what": "node down", "where": n["node"],
               "detail": "vcactl: %s; agent: %s" % (n["vca_state"] or "-", n["error"] or "up")}
-             for n in nodes if n["vca_state"] == "link_down" or n["up"] is False]
+             for n in nodes if (n["vca_state"] == "link_down" or n["up"] is False) and n["node"] not in dead]
     items += [{"what": "service not active", "where": "%s on %s" % (unit, node), "detail": state}
               for node, states in sorted((units or {}).items()) for unit, state in sorted(states.items())
               if state != "active"]
@@ -214,8 +218,13 @@ def open_items(nodes, services, units=None):
     for s in services:
         items += OPEN_BY_JOB.get(s["job"], lambda _: [])(s)
     items += [{"what": "throttle events", "where": n["node"], "detail": "%d in 24 h" % n["throttle_24h"]}
-              for n in nodes if n["throttle_24h"]]
+              for n in nodes if n["throttle_24h"] and n["node"] not in dead]
     return items
+
+
+def dead_nodes(store):
+    """The nodes the inventory calls dead (targets.json's "dead"), as the collector last recorded them."""
+    return set(json.loads(store.meta("dead") or "[]"))
 
 
 def _meta_json(store, key):
@@ -238,17 +247,21 @@ def view(store, now=None):
     """The three sections, as /api/fleet serves them and `vcamon fleet` prints them."""
     now = int(now or time.time())
     nodes = store.status(now)
+    dead = dead_nodes(store)
     scraped = _meta_json(store, "fleet")
     services = scraped.get("services", [])
-    runs = [{"service": "vcamon agent", "node": n["node"], "up": bool(n["up"]), "error": n["error"]} for n in nodes]
+    runs = [{"service": "vcamon agent", "node": n["node"], "up": bool(n["up"]) and n["node"] not in dead,
+             "dead": n["node"] in dead, "error": "dead (the inventory's dead group)" if n["node"] in dead
+             else n["error"]} for n in nodes]
     units = _meta_json(store, "units")
     runs += [{"service": unit.removesuffix(".service"), "node": node, "up": state == "active",
               "error": None if state == "active" else state}
              for node in sorted(units) for unit, state in sorted(units[node].items())]
     runs += [{"service": "%s metrics :%s" % (s["job"], urlparse(s["url"]).port), "node": s["node"], "up": s["up"],
               "error": s["error"]} for s in services]
-    return {"now": now, "scraped_at": scraped.get("at"), "runs": runs,
-            "numbers": latest_records(scraped.get("records_dir")), "open": open_items(nodes, services, units)}
+    agents_at = store.last_round()
+    return {"now": now, "scraped_at": scraped.get("at"), "agents_at": agents_at, "runs": runs,
+            "numbers": latest_records(scraped.get("records_dir")), "open": open_items(nodes, services, units, dead)}
 
 
 def _day(ts):
@@ -257,11 +270,11 @@ def _day(ts):
 
 def text(view):
     """`vcamon fleet`: the page's three sections as text."""
-    lines = ["what runs (services scraped %s):" % _day(view["scraped_at"])]
+    lines = ["what runs (agents scraped %s, services %s):" % (_day(view.get("agents_at")), _day(view["scraped_at"]))]
     width = max([len(r["service"]) for r in view["runs"]] + [7])
     for r in view["runs"]:
-        lines.append("  %-*s  %-10s  %s" % (width, r["service"], r["node"], "up" if r["up"] else
-                                             "DOWN (%s)" % (r["error"] or "no answer")))
+        state = "up" if r["up"] else "dead" if r.get("dead") else "DOWN (%s)" % (r["error"] or "no answer")
+        lines.append("  %-*s  %-10s  %s" % (width, r["service"], r["node"], state))
     lines.append("numbers that matter (the newest bench records):")
     if not view["numbers"]:
         lines.append("  no bench record yet (ansible-playbook playbooks/bench/gemm.yml, dma.yml, capacity.yml)")

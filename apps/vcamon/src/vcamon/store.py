@@ -66,8 +66,9 @@ CREATE TABLE IF NOT EXISTS events (
     subject TEXT,                  -- core '0:2' / 'package 0'; constraint; vcactl state
     delta INTEGER,                 -- throttle count increase
     value REAL,                    -- cap watts
-    temperature_c REAL,            -- at the time of a throttle event
-    detail TEXT                    -- the error of a down event
+    temperature_c REAL,            -- at the time of a throttle event (the span's hottest)
+    detail TEXT,                   -- the error of a down event
+    until_ts INTEGER               -- a throttle span's last event (MIGRATIONS)
 );
 CREATE INDEX IF NOT EXISTS events_ts ON events (ts);
 CREATE TABLE IF NOT EXISTS caps (
@@ -106,7 +107,13 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 # Columns added since the first schema: (table, column, declaration). Applied at open when missing.
 MIGRATIONS = (
     ("nodes", "platform", "TEXT"),
+    ("events", "until_ts", "INTEGER"),
 )
+# Throttle events of one counter are one row per span, not one per scrape (a node throttling all day
+# wrote ~86,000 rows, kept a year): an event within THROTTLE_GAP_S of its span's last one extends it,
+# and a span is closed after THROTTLE_SPAN_S, so the rows of the last 24 h still count what they say.
+THROTTLE_GAP_S = 120
+THROTTLE_SPAN_S = 3600
 
 
 @dataclass
@@ -123,8 +130,8 @@ class Scrape:
     limits: dict = field(default_factory=dict)       # constraint -> W
     throttle: dict = field(default_factory=dict)     # 'core 0:2' / 'package 0' -> count
     vca_states: dict = field(default_factory=dict)   # vcactl node index -> state (host agent only)
-    platform: str | None = None                      # hardware | lab | unknown (vcamon_platform)
-    units: dict = field(default_factory=dict)        # service -> ActiveState (vcamon_unit_active)
+    platform: str | None = None                      # hardware | lab | unknown (vcamon_platform_info)
+    units: dict = field(default_factory=dict)        # service -> ActiveState (vcamon_unit_state)
 
 
 def connect(path, timeout=30.0):
@@ -272,12 +279,22 @@ class Store:
                 # A counter below its last value was reset by a reboot: all of it is new.
                 delta = value - before if value > before else value
                 if delta > 0:
-                    db.execute("INSERT INTO events (ts, node, kind, subject, delta, temperature_c) "
-                               "VALUES (?, ?, 'throttle', ?, ?, ?)",
-                               (ts, s.node, counter, delta, throttle_temperature(s, counter)))
+                    self._throttle_event(ts, s.node, counter, delta, throttle_temperature(s, counter))
             if value != before:
                 db.execute("INSERT OR REPLACE INTO counters (node, counter, value) VALUES (?, ?, ?)",
                            (s.node, counter, value))
+
+    def _throttle_event(self, ts, node, counter, delta, temperature):
+        span = self.db.execute(
+            "SELECT id, ts, coalesce(until_ts, ts) FROM events WHERE node = ? AND kind = 'throttle' AND subject = ? "
+            "ORDER BY ts DESC, id DESC LIMIT 1", (node, counter)).fetchone()
+        if span and ts - span[2] <= THROTTLE_GAP_S and ts - span[1] < THROTTLE_SPAN_S:
+            self.db.execute("UPDATE events SET delta = delta + ?, until_ts = ?, temperature_c = "
+                            "CASE WHEN temperature_c IS NULL OR ? > temperature_c THEN ? ELSE temperature_c END "
+                            "WHERE id = ?", (delta, ts, temperature, temperature, span[0]))
+        else:
+            self.db.execute("INSERT INTO events (ts, node, kind, subject, delta, temperature_c, until_ts) "
+                            "VALUES (?, ?, 'throttle', ?, ?, ?, ?)", (ts, node, counter, delta, temperature, ts))
 
     def _record_caps(self, ts, s):
         db = self.db
@@ -302,6 +319,10 @@ class Store:
                 db.execute("INSERT INTO events (ts, node, kind, subject) VALUES (?, ?, 'state', ?)", (ts, node, state))
 
     # -- upkeep -------------------------------------------------------------
+
+    def last_round(self):
+        """When the newest scrape round began (epoch s), or None before the first."""
+        return self.db.execute("SELECT max(ts) FROM scrapes").fetchone()[0]
 
     def meta(self, key, default=None):
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
@@ -376,7 +397,8 @@ class Store:
                 "(SELECT max(ts) FROM caps WHERE node = c.node AND constraint_name = c.constraint_name)",
                 (node,)).fetchall())
             throttled = self.db.execute(
-                "SELECT coalesce(sum(delta), 0) FROM events WHERE node = ? AND kind = 'throttle' AND ts >= ?",
+                "SELECT coalesce(sum(delta), 0) FROM events WHERE node = ? AND kind = 'throttle' "
+                "AND coalesce(until_ts, ts) >= ?",
                 (node, now - throttle_window_s)).fetchone()[0]
             out.append({
                 "node": node, "up": None if up is None else bool(up), "since": since, "last_seen": last_seen,
@@ -388,7 +410,8 @@ class Store:
         return out
 
     def events(self, since, node=None, kinds=None, until=None):
-        sql = "SELECT ts, node, kind, subject, delta, value, temperature_c, detail FROM events WHERE ts >= ?"
+        sql = ("SELECT ts, node, kind, subject, delta, value, temperature_c, detail, until_ts FROM events "
+               "WHERE coalesce(until_ts, ts) >= ?")
         args = [int(since)]
         if until is not None:
             sql += " AND ts <= ?"
@@ -399,7 +422,7 @@ class Store:
         if kinds:
             sql += " AND kind IN (%s)" % ",".join("?" * len(kinds))
             args.extend(kinds)
-        cols = ("ts", "node", "kind", "subject", "delta", "value", "temperature_c", "detail")
+        cols = ("ts", "node", "kind", "subject", "delta", "value", "temperature_c", "detail", "until_ts")
         return [dict(zip(cols, row, strict=True)) for row in self.db.execute(sql + " ORDER BY ts, id", args)]
 
     EXPORT_COLUMNS = ("ts", "iso_time", "node", "metric", "label", "value", "resolution", "platform")

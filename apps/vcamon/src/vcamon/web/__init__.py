@@ -3,8 +3,9 @@
 Read-only: it answers GET and nothing else (any other method is 405 and
 changes nothing). With a token configured every request must carry it:
 ``Authorization: Bearer <token>``, or the ``vcamon_token`` cookie that the page
-sets when it is opened once as ``/?token=<token>`` (then redirected to the
-same address without it). Without one, 401.
+sets when any of its addresses is opened once with ``?token=<token>`` (then
+redirected to the same address without it: the token stays in no address, no
+history, no log). Without one, 401.
 """
 
 from __future__ import annotations
@@ -101,20 +102,23 @@ def make_handler(db_path, token=None, static_root=STATIC):
                 self._refuse()
                 return
             try:
+                if "token" in q:
+                    # A link with the token, to any address: keep it in a cookie for the page's requests,
+                    # and take it out of the address (the bar, the history, a proxy's log).
+                    rest = urlencode({k: v for k, v in q.items() if k != "token"})
+                    headers = [("Location", url.path + ("?" + rest if rest else ""))]
+                    if token:
+                        headers.append(("Set-Cookie", "%s=%s; Path=/; HttpOnly; SameSite=Strict" % (COOKIE, token)))
+                    self._send(303, b"", "text/plain", headers)
+                    return
                 if url.path in ("/", "/index.html"):
-                    if token and "token" in q:
-                        # A browser link: keep the token in a cookie for the page's requests, and take it
-                        # out of the address bar.
-                        rest = urlencode({k: v for k, v in q.items() if k != "token"})
-                        self._send(303, b"", "text/plain", [
-                            ("Location", url.path + ("?" + rest if rest else "")),
-                            ("Set-Cookie", "%s=%s; Path=/; HttpOnly; SameSite=Strict" % (COOKIE, token))])
-                        return
                     self._send(200, (static_root / "index.html").read_bytes(), TYPES[".html"])
                 elif url.path.startswith("/static/"):
                     self._static(url.path[len("/static/"):])
                 elif url.path == "/api/nodes":
-                    self._json({"now": int(time.time()), "nodes": store().status()})
+                    dead = fleet.dead_nodes(store())
+                    nodes = [dict(n, dead=n["node"] in dead) for n in store().status()]
+                    self._json({"now": int(time.time()), "round_at": store().last_round(), "nodes": nodes})
                 elif url.path == "/api/fleet":
                     self._json(fleet.view(store()))
                 elif url.path == "/api/chart":

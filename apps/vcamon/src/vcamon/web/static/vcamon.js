@@ -35,9 +35,29 @@ async function getJSON(url) {
 
 const attr = text => String(text).replace(/[&<>"]/g, c => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"})[c]);
 
+// How old a figure is, said plainly; a section older than three rounds is marked stale.
+function ago(seconds) {
+  if (seconds === null || seconds === undefined || Number.isNaN(seconds)) return "never";
+  const s = Math.max(0, Math.round(seconds));
+  return s < 120 ? `${s} s ago` : s < 7200 ? `${Math.round(s / 60)} min ago` :
+    s < 172800 ? `${Math.round(s / 3600)} h ago` : `${Math.round(s / 86400)} d ago`;
+}
+
+function age(section, seconds, what) {
+  const el = document.querySelector(`.age[data-section="${section}"]`);
+  el.textContent = `${what} ${ago(seconds)}`;
+  el.dataset.seconds = seconds === null || seconds === undefined ? "" : Math.round(seconds);
+  el.classList.toggle("stale", seconds === null || seconds === undefined || seconds > 3 * REFRESH_S);
+}
+
+function agentCell(n) {
+  if (n.dead) return `<td class="dead" title="the inventory's dead group">dead</td>`;
+  return `<td class="${n.up ? "" : "down"}"${n.auth_failed ? ` title="${attr(n.error)}"` : ""}>${n.up ? "up" : n.auth_failed ? "auth failed" : "down"}</td>`;
+}
+
 function statusTable(nodes, now) {
   const rows = nodes.map(n => `<tr><td>${n.node}</td>
-    <td class="${n.up ? "" : "down"}"${n.auth_failed ? ` title="${attr(n.error)}"` : ""}>${n.up ? "up" : n.auth_failed ? "auth failed" : "down"}</td><td>${n.platform ? badge(n.platform) : "–"}</td>
+    ${agentCell(n)}<td>${n.platform ? badge(n.platform) : "–"}</td>
     <td>${n.vca_state || "–"}</td>
     <td>${fmt(n.hottest_c, 1)}</td><td>${fmt(n.power_w, 1)}</td><td>${fmt(n.pl1_w, 0)}/${fmt(n.pl2_w, 0)}</td>
     <td>${n.throttle_24h}</td><td>${n.last_seen ? (now - n.last_seen) + " s ago" : "never"}</td></tr>`);
@@ -50,9 +70,14 @@ const when = ts => ts ? new Date(ts * 1000).toISOString().slice(0, 16).replace("
 
 // The fleet's one page: what runs, the newest bench figures with their platform, what is open.
 function fleetSections(f) {
+  const oldest = [f.agents_at, f.scraped_at].some(t => !t) ? null : f.now - Math.min(f.agents_at, f.scraped_at);
+  age("runs", oldest, "scraped");
+  age("open", oldest, "as of");
+  const newest = f.numbers.length ? f.now - Math.max(...f.numbers.map(r => r.at || 0)) : null;
+  age("numbers", newest, "newest record");
   document.querySelector("#runs table").innerHTML = "<tr><th>service</th><th>node</th><th>state</th></tr>" +
     f.runs.map(r => `<tr data-service="${attr(r.service)}" data-node="${attr(r.node)}"><td>${attr(r.service)}</td>
-      <td>${attr(r.node)}</td><td class="${r.up ? "" : "down"}" title="${attr(r.error || "")}">${r.up ? "up" : "down"}</td></tr>`).join("");
+      <td>${attr(r.node)}</td><td class="${r.dead ? "dead" : r.up ? "" : "down"}" title="${attr(r.error || "")}">${r.dead ? "dead" : r.up ? "up" : "down"}</td></tr>`).join("");
   document.querySelector("#numbers div").innerHTML = f.numbers.length === 0 ?
     `<p class="empty">no bench record yet: playbooks/bench/gemm.yml, dma.yml, capacity.yml</p>` :
     f.numbers.map(run => `<table data-kind="${run.kind}"><tr><th colspan="3">${run.kind}, ${when(run.at)}
@@ -65,7 +90,8 @@ function fleetSections(f) {
     f.open.map(i => `<li data-what="${attr(i.what)}"><b>${attr(i.what)}</b>: ${attr(i.where)}${i.detail ? " (" + attr(i.detail) + ")" : ""}</li>`).join("");
 }
 
-// Throttle events as red vertical lines, down periods starting with grey ones.
+// Throttle events as red vertical lines (a span of them, ts to until_ts, as a red band), down periods
+// starting with grey ones.
 function eventMarks(events) {
   return u => {
     const ctx = u.ctx, top = u.bbox.top, h = u.bbox.height;
@@ -73,6 +99,15 @@ function eventMarks(events) {
     for (const e of events) {
       if (e.kind !== "throttle" && e.kind !== "down") continue;
       const x = Math.round(u.valToPos(e.ts, "x", true));
+      if (e.kind === "throttle" && e.until_ts > e.ts) {
+        const left = Math.max(x, u.bbox.left);
+        const right = Math.min(Math.round(u.valToPos(e.until_ts, "x", true)), u.bbox.left + u.bbox.width);
+        if (right >= left) {
+          ctx.fillStyle = "rgba(214,39,40,0.25)";
+          ctx.fillRect(left, top, Math.max(2, right - left), h);
+        }
+        continue;
+      }
       if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
       ctx.strokeStyle = e.kind === "throttle" ? "rgba(214,39,40,0.8)" : "rgba(120,120,120,0.8)";
       ctx.lineWidth = e.kind === "throttle" ? 2 : 3;
@@ -120,6 +155,45 @@ async function nodeCharts(main, node, span) {
   return data.t.length;
 }
 
+// The page reloads its figures every REFRESH_S (charts too, unless a fixed from/to is shown); a failed
+// refresh keeps the last figures and says since when they are stale, never silently.
+const REFRESH_S = 30;
+let refreshes = 0;
+let lastGood = null;
+
+async function load(span) {
+  const fleet = await getJSON("/api/fleet");
+  const status = await getJSON("/api/nodes");
+  fleetSections(fleet);
+  statusTable(status.nodes, status.now);
+  age("status", status.round_at ? status.now - status.round_at : null, "scraped");
+  if (!span.from || refreshes === 0) {
+    const charts = document.createElement("main");
+    charts.id = "charts";
+    let points = 0;
+    document.getElementById("charts").replaceWith(charts);
+    for (const n of status.nodes) points += await nodeCharts(charts, n.node, span);
+    document.body.dataset.points = points;
+  }
+  lastGood = Date.now();
+  document.getElementById("updated").textContent =
+    `updated ${new Date(lastGood).toISOString().slice(11, 19)} UTC, every ${REFRESH_S} s`;
+  document.getElementById("updated").classList.remove("stale");
+}
+
+async function refresh(span) {
+  try {
+    await load(span);
+    refreshes += 1;
+    document.body.dataset.refreshes = refreshes;
+  } catch (err) {
+    const el = document.getElementById("updated");
+    el.textContent = `stale: not updated for ${ago((Date.now() - lastGood) / 1000)} (${err})`;
+    el.classList.add("stale");
+    document.body.dataset.error = String(err);
+  }
+}
+
 async function main() {
   const p = query();
   const span = { range: p.get("range") || "1h" };
@@ -127,14 +201,9 @@ async function main() {
     span.from = Math.floor(new Date(p.get("from")).getTime() / 1000);
     span.to = p.get("to") ? Math.floor(new Date(p.get("to")).getTime() / 1000) : Math.floor(Date.now() / 1000);
   }
-  fleetSections(await getJSON("/api/fleet"));
-  const status = await getJSON("/api/nodes");
-  statusTable(status.nodes, status.now);
-  const charts = document.getElementById("charts");
-  let points = 0;
-  for (const n of status.nodes) points += await nodeCharts(charts, n.node, span);
-  document.body.dataset.points = points;
+  await load(span);
   document.body.dataset.ready = "1";
+  setInterval(() => refresh(span), REFRESH_S * 1000);
 }
 
 document.getElementById("range").addEventListener("submit", ev => {
