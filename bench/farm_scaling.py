@@ -137,7 +137,7 @@ def fmt(x, digits=1) -> str:
 
 
 def verify_column(a) -> str:
-    """What the job's verify_s covered (farm.joining.run)."""
+    """What the job's verify_s covered (farm.join_runner.run)."""
     if a.verify:
         return "verify: frame count, durations, single-node reference render, audio offset, PSNR (s)"
     if a.renderer == "testsrc":

@@ -35,7 +35,7 @@ from starlette.applications import Starlette  # noqa: E402
 from starlette.responses import JSONResponse  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 
-from farm.broker import node_permissions as broker_permissions  # noqa: E402
+from farm.broker_users import node_permissions as broker_permissions  # noqa: E402
 from farm.config import Settings  # noqa: E402
 from farm.db import DB  # noqa: E402
 
@@ -155,7 +155,7 @@ class Broker:
                               timeout=120 * SLOW, check=False)
 
     def add_node_users(self, settings: dict, nodes: list[str], password: str = "node-test-password") -> dict:
-        """One broker user per node with the role's permissions (farm.broker), in one rabbitmqctl call;
+        """One broker user per node with the role's permissions (farm.broker_users), in one rabbitmqctl call;
         {node: its amqp URL}."""
         s = load_settings(settings)
         salt = secrets.token_bytes(4)

@@ -18,9 +18,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from farm import cli, tasks
-from farm.brokerctl import BrokerControl
+from farm.broker_control import BrokerControl
 from farm.coordinator import Coordinator
-from farm.joining import Joins
+from farm.join_runner import Joins
 from farm.statemachine import StateMachine
 
 left = [int(os.environ.get("FARM_TEST_PUBLISH_FAILS", "0"))]

@@ -155,7 +155,7 @@ def test_a_coordinator_waiting_for_its_broker_stops_on_sigterm(tmp_path):
 
 def test_celery_stays_out_of_the_processes_that_run_no_task():
     """The CLI's submit and status, the API and the join's child load no Celery (issue 39, point 8)."""
-    code = "import sys, farm.cli, farm.api, farm.joining, farm.jobs; print(sorted(m for m in sys.modules if" \
+    code = "import sys, farm.cli, farm.api, farm.join_runner, farm.jobs; print(sorted(m for m in sys.modules if" \
            " m.split('.')[0] in ('celery', 'kombu', 'billiard')))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                        env={"PYTHONPATH": str(APP / "src"), "PATH": "/usr/bin:/bin"})

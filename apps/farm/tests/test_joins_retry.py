@@ -22,7 +22,7 @@ from farm.config import load
 from farm.coordinator import Coordinator
 from farm.db import DB
 from farm.gc import Pruner
-from farm.joining import Joins
+from farm.join_runner import Joins
 from farm.render import render_chunk
 from mediatools import require
 

@@ -17,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
-from farm import broker, join, remotion
+from farm import broker_users, join, remotion
 from farm.config import Settings, load
 from farm.db import DB, FINAL
 from farm.jobs import check_nodes, project_spec, submit
@@ -185,7 +185,7 @@ def cmd_coordinator(a, s: Settings) -> int:
 
 
 def cmd_broker_permissions(a, s: Settings) -> int:
-    print(json.dumps({"user": s.node_user(a.node), **broker.node_permissions(s, a.node)}))
+    print(json.dumps({"user": s.node_user(a.node), **broker_users.node_permissions(s, a.node)}))
     return 0
 
 

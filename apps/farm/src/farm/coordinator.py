@@ -4,8 +4,8 @@ A submitted job gets a lease on its nodes (smem), its own queue farm.job.<id>, a
 nodes' workers, and one message per chunk. The workers' reports come back through one durable queue;
 each is applied to the database (farm.statemachine) and acked after the commit. What a change
 decides is written in its transaction and carried out here after the commit, at every tick and at
-start-up (README "Crash safety"): attempts to publish (farm.brokerctl), outbox rows (revokes, consumer
-cancels), nodes to give back (farm.leases), joins to run (farm.joining). Only one coordinator runs per
+start-up (README "Crash safety"): attempts to publish (farm.broker_control), outbox rows (revokes, consumer
+cancels), nodes to give back (farm.leases), joins to run (farm.join_runner). Only one coordinator runs per
 database (a file lock).
 """
 
@@ -21,11 +21,11 @@ import httpx
 from kombu import Queue
 
 from farm import tasks
-from farm.brokerctl import BrokerControl
+from farm.broker_control import BrokerControl
 from farm.config import Settings
 from farm.db import DB, FINAL, LIVE
 from farm.gc import free_gib
-from farm.joining import Joins
+from farm.join_runner import Joins
 from farm.leases import LeaseClient, LeaseConflict, LeaseError, LeaseKeeper
 from farm.statemachine import StateMachine
 
@@ -381,7 +381,7 @@ class Coordinator:
         self.apply_outbox()
         self.release_nodes(self.db.job(job["id"]))
 
-    # -- the end: join and verify (farm.joining: child processes; the loop goes on meanwhile) -------------
+    # -- the end: join and verify (farm.join_runner: child processes; the loop goes on meanwhile) -------------
     def _joined(self, job: dict, outcome) -> None:
         if isinstance(outcome, str) or "error" in outcome:
             return self._join_failed(job, outcome if isinstance(outcome, str) else outcome["error"])

@@ -12,7 +12,7 @@ from celery import Celery
 from farm.config import Settings
 from farm.tasks import QUEUE_ARGS, queue_of
 
-log = logging.getLogger("farm.brokerctl")
+log = logging.getLogger("farm.broker_control")
 
 
 def worker_name(node: str) -> str:

@@ -4,7 +4,7 @@ other job, and a join can be cancelled (SIGTERM to its process group: farm.proc 
 too). The child dies with the coordinator (PR_SET_PDEATHSIG); the join is then run again at the next
 start, and its output, renamed into place only when whole, is the same.
 
-    python -m farm.joining REQUEST.json RESULT.json    (REQUEST: settings, job, chunks)
+    python -m farm.join_runner REQUEST.json RESULT.json    (REQUEST: settings, job, chunks)
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class Joins:
 
     def __init__(self, s: Settings, *, argv: list[str] | None = None):
         self.s = s
-        self.argv = argv or [sys.executable, "-m", "farm.joining"]
+        self.argv = argv or [sys.executable, "-m", "farm.join_runner"]
         self.dir = Path(s.work_dir) / "joins"
         self.running: dict[str, subprocess.Popen] = {}
         self.waiting: list[str] = []
