@@ -64,12 +64,17 @@ def let_go(db_path: str) -> None:
 
 def take_users(db_path: str) -> int:
     """DB.users exclusive, for a restore: Busy while any process has the file open."""
-    fd = lock_file(db_path, ".users")
+    return _exclusive(db_path, ".users", "a process has %s open (smem serve, smem mcp or a tool)" % db_path)
+
+
+def _exclusive(db_path: str, suffix: str, busy: str) -> int:
+    """The descriptor of DB<suffix>, locked exclusive; Busy(busy) if another holds it."""
+    fd = lock_file(db_path, suffix)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise Busy("a process has %s open (smem serve, smem mcp or a tool)" % db_path) from None
+        raise Busy(busy) from None
     return fd
 
 
@@ -97,13 +102,7 @@ def lock_file(db_path: str, suffix: str) -> int:
 
 def take_lock(db_path: str):
     """One server per database file: then a job left 'running' at start was a dead process's."""
-    fd = lock_file(db_path, ".lock")
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise Busy("another smem serve holds %s" % db_path) from None
-    return fd
+    return _exclusive(db_path, ".lock", "another smem serve holds %s" % db_path)
 
 
 def build(db_path: str, settings: Settings, embedder=None, start_workers: bool = True):
