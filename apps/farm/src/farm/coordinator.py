@@ -294,8 +294,7 @@ class Coordinator:
             if avoid:
                 # while another node may free up: a chunk's expected render at the job's speed, and then some
                 if speed is None:
-                    with self.db.tx() as c:
-                        speed = self.sm.job_speed(c, job)[0]
+                    speed = self.sm.job_speed(self.db.c, job)[0]
                 kwargs["avoid"] = avoid
                 kwargs["avoid_for_s"] = self.s.silent_after_s + 2 * speed * (a["last"] - a["first"] + 1)
             try:

@@ -425,9 +425,8 @@ class StateMachine:
                             False))
                 continue
             if a["phase"] == "render" and a["elapsed"]:
-                if speed is None:
-                    with self.db.tx() as c:
-                        speed = self.job_speed(c, job)
+                if speed is None:               # a read: no write lock for it
+                    speed = self.job_speed(self.db.c, job)
                 limit = self.s.time_limit_s(frames, speed[0])
                 if a["elapsed"] > limit:
                     out.append((a, "too slow: %.0f s for %d of %d frames, where this job renders at %.3f s a frame"
