@@ -21,6 +21,7 @@ from vcamon.agent import PowerMeter, Sensors, exposition, start_agent
 from vcamon.cli import main, parser
 from vcamon.collector import parse
 from vcamon.hw.vca_sensors import read_all
+from vcamon.hw.vcactl import STATES as VCA_STATES
 from vcamon.store import PLATFORMS
 
 APP_SRC = Path(__file__).resolve().parent.parent / "src"
@@ -93,8 +94,14 @@ def test_vcactl_states_on_the_host(node_tree, tmp_path):
     fake.write_text("#!/bin/sh\n"
                     "printf 'Card: 0 Cpu: 0  STATE: net_device_ready\\nCard: 1 Cpu: 0  STATE: link_down\\n'\n")
     fake.chmod(0o755)
-    scrape = parse("host", metrics(node_tree, vcactl=str(fake)))
+    text = metrics(node_tree, vcactl=str(fake))
+    scrape = parse("host", text)
     assert scrape.vca_states == {0: "net_device_ready", 3: "link_down"}
+    # state is a value: every state the driver defines has a series per node, 1 only for the node's own
+    lines = [ln for ln in text.splitlines() if ln.startswith("vcamon_vca_node_state{")]
+    node0 = [ln for ln in lines if 'vca_node="0"' in ln]
+    assert len(node0) == len(VCA_STATES) and [ln for ln in node0 if ln.endswith(" 1.0")] == [
+        ln for ln in node0 if 'state="net_device_ready"' in ln]
 
 
 def test_agent_serves_over_http(agent):

@@ -28,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from .auth import bearer, check_token, same
 from .hw.vca_sensors import constraints, coretemp, energy_delta_uj, rapl_package_zone, read_all, throttle_counts
 from .hw.vca_sysfs import Sysfs
+from .hw.vcactl import STATES as VCA_STATES
 from .hw.vcactl import parse_status
 from .net import bind_address, is_loopback
 from .store import PLATFORMS
@@ -206,10 +207,15 @@ def _throttle_family(throttle):
 
 
 def _vca_family(records):
-    state = GaugeMetricFamily("vcamon_vca_node_state", "vcactl status per node (1 = in this state)",
+    """A node's vcactl state as a set of series, one per state the driver defines (1 for its own, 0 for
+    the others), so a change moves a value rather than starting a series; a state the driver does not
+    define gets a series of its own."""
+    state = GaugeMetricFamily("vcamon_vca_node_state", "vcactl status per node (1 = in this state, 0 = not)",
                               labels=["vca_node", "card", "cpu", "state", "state_class"])
     for r in records:
-        state.add_metric([str(r["node"]), str(r["card"]), str(r["cpu"]), r["state"], r["state_class"]], 1)
+        ids = [str(r["node"]), str(r["card"]), str(r["cpu"])]
+        for name, cls in sorted({**VCA_STATES, r["state"]: r["state_class"]}.items()):
+            state.add_metric([*ids, name, cls], 1 if name == r["state"] else 0)
     return state
 
 

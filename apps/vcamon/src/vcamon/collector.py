@@ -60,7 +60,7 @@ def parse(node, text, url=""):
                 s.limits[labels["constraint"]] = value
             elif name == "vcamon_throttle_events_total":
                 s.throttle["%s %s" % (labels["scope"], labels["id"])] = int(value)
-            elif name == "vcamon_vca_node_state":
+            elif name == "vcamon_vca_node_state" and value == 1:
                 s.vca_states[int(labels["vca_node"])] = labels["state"]
             elif name == "vcamon_unit_state" and value == 1:
                 s.units[labels["unit"]] = labels["state"]
