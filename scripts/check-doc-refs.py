@@ -33,8 +33,19 @@ PLAYBOOK = re.compile(r"ansible-playbook\b[^`\n]*?\s((?:\S+/)?[\w.-]+\.ya?ml)\b"
 TAGS = re.compile(r"--(?:skip-)?tags[ =]([\w,.-]+)")
 
 
+# Not part of the repository when the tree is walked (a copy without .git, as make test's fresh machine has)
+UNTRACKED_DIRS = {".git", ".venv", "build", "__pycache__", ".pytest_cache", ".ruff_cache", "node_modules", ".cache"}
+
+
 def tracked():
-    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    try:
+        files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                               check=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):     # no git, or not a checkout: the files as they lie
+        files = []
+        for top, dirs, names in os.walk(ROOT):
+            dirs[:] = [d for d in dirs if d not in UNTRACKED_DIRS and not d.endswith(".egg-info")]
+            files += [os.path.relpath(os.path.join(top, n), ROOT) for n in names]
     paths = set(files)
     for f in files:
         parts = f.split("/")
