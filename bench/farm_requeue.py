@@ -118,7 +118,7 @@ def next_start(farm: _engine.Farm, job_id: str, victim: dict) -> dict | None:
 
 def one_run(farm: _engine.Farm, event: str, a) -> dict:
     job_id = farm.submit(frames=a.frames)
-    watch = ConsumerWatch(farm.broker_users.url, "farm.job." + job_id)
+    watch = ConsumerWatch(farm.broker.url, "farm.job." + job_id)
     watch.start()
     try:
         victim = victim_of(farm, job_id, a)

@@ -50,11 +50,11 @@ def test_a_worker_with_its_nodes_rights_only_renders_a_job_and_is_refused_nothin
     job_id = farm.submit(frames=20, nodes=[node])                  # two chunks
     farm.wait_state(job_id, ("done", "failed"), timeout=120)
     assert_every_chunk_once(farm, job_id)
-    r = farm.broker_users.ctl("list_connections", "user", "--silent")
+    r = farm.broker.ctl("list_connections", "user", "--silent")
     assert r.returncode == 0, r.stdout + r.stderr
     ours = {u for u in r.stdout.split() if u.startswith("farm-%s-" % farm.tag)}
     assert ours == {"farm-" + node}, r.stdout
-    log = (farm.broker_users.root / "log" / ("%s.log" % farm.broker_users.env["RABBITMQ_NODENAME"])).read_text()
+    log = (farm.broker.root / "log" / ("%s.log" % farm.broker.env["RABBITMQ_NODENAME"])).read_text()
     refused = [line for line in log.splitlines() if "refused for user 'farm-%s-" % farm.tag in line]
     assert not refused, refused
 
@@ -66,7 +66,7 @@ def test_a_node_user_reads_neither_the_reports_nor_another_nodes_queues(make_far
     url = farm.node_url(mine)
     reports = farm.settings["reports_queue"]
     farm.start_coordinator()                       # declares the reports exchange and queue
-    wait_for("the reports queue", lambda: _declared(farm.broker_users.url, reports), 60)
+    wait_for("the reports queue", lambda: _declared(farm.broker.url, reports), 60)
     assert refused(url, lambda ch: ch.basic_consume(reports, callback=lambda m: None)) == REFUSED
     assert refused(url, lambda ch: ch.basic_consume("farm@%s.celery.pidbox" % other, callback=lambda m: None)) \
         == REFUSED
@@ -111,7 +111,7 @@ def test_a_report_is_applied_only_from_the_node_it_names(make_farm):
     # node a's user, claiming node b; no user_id at all; the coordinator's own user, claiming a node
     publish(farm.node_url(a), {**forged, "node": b}, user_id=s.node_user(a))
     publish(farm.node_url(a), {**forged, "node": b})
-    publish(farm.broker_users.url, {**forged, "node": a}, user_id="guest")
+    publish(farm.broker.url, {**forged, "node": a}, user_id="guest")
     wait_for("three refusals in the coordinator's log",
              lambda: farm.log("coordinator.log").count("report refused") >= 3, 60,
              why=lambda: farm.log("coordinator.log"))

@@ -189,7 +189,7 @@ def test_cancel_stops_the_job_and_gives_its_nodes_back(make_farm):
         active = farm.control.inspect(destination=["farm@" + n for n in farm.nodes], timeout=2).active_queues()
         return active and len(active) == 3 and all(queue not in {q["name"] for q in qs} for qs in active.values())
     wait_for("the workers to stop consuming %s" % queue, consumers_gone, 30)
-    with Connection(farm.broker_users.url) as conn, pytest.raises(conn.channel_errors):
+    with Connection(farm.broker.url) as conn, pytest.raises(conn.channel_errors):
         conn.default_channel.queue_declare(queue, passive=True)   # the job's queue is gone
     # nothing starts after the cancel; what ran was revoked
     n = len(farm.attempts(job_id))
