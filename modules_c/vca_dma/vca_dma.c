@@ -510,6 +510,18 @@ static int vca_dma_segs(struct vca_dma_pin *p, struct vca_dma_seg **out)
 	return p->sgt.nents;
 }
 
+/* Caller holds d->lock: the copy posted with the next cookie, or -ENODEV / -EBUSY. */
+static int vca_dma_post_if_idle(struct vca_dma *d, struct vca_dma_xfer *x, const struct vca_dma_seg *src,
+				int nsrc, const struct vca_dma_seg *dst, int ndst)
+{
+	if (d->gone || d->wedged)
+		return -ENODEV;
+	if (d->cur)
+		return -EBUSY;
+	x->cookie = ++d->next_cookie;
+	return vca_dma_post(d, x, src, nsrc, dst, ndst);
+}
+
 static long vca_dma_ioc_submit(struct vca_dma *d, struct file *file, void __user *u)
 {
 	struct vca_dma_seg *useg = NULL, *tseg = NULL, wseg;
@@ -589,15 +601,8 @@ static long vca_dma_ioc_submit(struct vca_dma *d, struct file *file, void __user
 	}
 
 	mutex_lock(&d->lock);
-	if (d->gone || d->wedged) {
-		ret = -ENODEV;
-	} else if (d->cur) {
-		ret = -EBUSY;
-	} else {
-		x->cookie = ++d->next_cookie;
-		ret = to_target ? vca_dma_post(d, x, useg, nu, tseg, nt) :
-				  vca_dma_post(d, x, tseg, nt, useg, nu);
-	}
+	ret = to_target ? vca_dma_post_if_idle(d, x, useg, nu, tseg, nt) :
+			  vca_dma_post_if_idle(d, x, tseg, nt, useg, nu);
 	mutex_unlock(&d->lock);
 	if (ret)
 		goto out_free;
@@ -702,39 +707,32 @@ static int vca_dma_selftest(struct vca_dma *d)
 	t = (struct vca_dma_seg){ dst_dma, len };
 
 	mutex_lock(&d->lock);
-	if (d->gone || d->wedged) {
-		ret = -ENODEV;
-	} else if (d->cur) {
-		ret = -EBUSY;
-	} else {
-		cookie = ++d->next_cookie;
-		x->cookie = cookie;
-		ret = vca_dma_post(d, x, &s, 1, &t, 1);
+	ret = vca_dma_post_if_idle(d, x, &s, 1, &t, 1);
+	if (!ret) {
+		cookie = x->cookie;
+		x = NULL;	/* d->cur owns it now */
+		ret = vca_dma_wait_poll(d, NULL, cookie, VCA_DMA_SELFTEST_TIMEOUT_MS, &st,
+					&done);
 		if (!ret) {
-			x = NULL;	/* d->cur owns it now */
-			ret = vca_dma_wait_poll(d, NULL, cookie, VCA_DMA_SELFTEST_TIMEOUT_MS, &st,
-						&done);
-			if (!ret) {
-				ns = ktime_to_ns(ktime_sub(st > 0 ? d->cur->t_done : ktime_get(),
-							   d->cur->t0));
-				vca_dma_note(d, st, done);
-				if (st == 0) {
-					atomic64_inc(&d->timeouts);
-					ret = -ETIMEDOUT;
-				} else if (st < 0 || done != len) {
-					atomic64_inc(&d->errors);
-					ret = -EIO;
-				} else {
-					atomic64_inc(&d->completed);
-					atomic64_add(len, &d->bytes);
-				}
-				end = vca_dma_finish(d, ret != 0);
-			} else if (ret == -EINTR) {
-				end = vca_dma_finish(d, true);
+			ns = ktime_to_ns(ktime_sub(st > 0 ? d->cur->t_done : ktime_get(),
+						   d->cur->t0));
+			vca_dma_note(d, st, done);
+			if (st == 0) {
+				atomic64_inc(&d->timeouts);
+				ret = -ETIMEDOUT;
+			} else if (st < 0 || done != len) {
+				atomic64_inc(&d->errors);
+				ret = -EIO;
+			} else {
+				atomic64_inc(&d->completed);
+				atomic64_add(len, &d->bytes);
 			}
-			/* a wedged engine may still write dst (and read src): keep both */
-			keep = d->wedged;
+			end = vca_dma_finish(d, ret != 0);
+		} else if (ret == -EINTR) {
+			end = vca_dma_finish(d, true);
 		}
+		/* a wedged engine may still write dst (and read src): keep both */
+		keep = d->wedged;
 	}
 	mutex_unlock(&d->lock);
 	vca_dma_xfer_free(d, end);
