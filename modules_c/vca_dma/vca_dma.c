@@ -511,8 +511,9 @@ static int vca_dma_segs(struct vca_dma_pin *p, struct vca_dma_seg **out)
 }
 
 /* Caller holds d->lock: the copy posted with the next cookie, or -ENODEV / -EBUSY. */
-static int vca_dma_post_if_idle(struct vca_dma *d, struct vca_dma_xfer *x, const struct vca_dma_seg *src,
-				int nsrc, const struct vca_dma_seg *dst, int ndst)
+static int vca_dma_post_if_idle(struct vca_dma *d, struct vca_dma_xfer *x,
+				const struct vca_dma_seg *src, int nsrc,
+				const struct vca_dma_seg *dst, int ndst)
 {
 	if (d->gone || d->wedged)
 		return -ENODEV;
