@@ -77,6 +77,7 @@ faulthandler.dump_traceback_later(25)   # a caller hung in run() says where, bef
 sys.path.insert(0, %(src)r)
 from farm import proc
 proc.GRACE_S = %(grace)r
+signal.signal(signal.SIGINT, signal.default_int_handler)   # a caller started from `cmd &` inherits SIGINT ignored
 mode = sys.argv[1]
 if mode == "handler":
     def stop(signum, frame):
