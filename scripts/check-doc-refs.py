@@ -13,6 +13,7 @@ What is checked, in code spans and link targets:
 - an `ansible-playbook ... X.yml` names a playbook that must exist;
 - every tag given to `--tags` or `--skip-tags` must be a tag some play, role or task carries;
 - no "issue N": the repository ships without its tracker, so a reader cannot look one up;
+- no path under /work/: the machine the project was written on, which no reader has;
 - no `ansible-playbook -i inventory/production`: the template is copied, and the copy
   (`inventory/mysite`) is what runs; only a playbook that documents the template itself
   (TEMPLATE_PLAYBOOKS) runs against it.
@@ -39,6 +40,7 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 PLAYBOOK = re.compile(r"ansible-playbook\b[^`\n]*?\s((?:\S+/)?[\w.-]+\.ya?ml)\b")
 TAGS = re.compile(r"--(?:skip-)?tags[ =]([\w,.-]+)")
 ISSUE = re.compile(r"\b[Ii]ssues? #?\d+")
+WRITERS_MACHINE = re.compile(r"(?<![\w.~-])/work/\S*")
 ON_THE_TEMPLATE = re.compile(r"ansible-playbook\b[^`\n]*?-i\s*inventory/production\b[^`\n]*")
 TEMPLATE_PLAYBOOKS = ("playbooks/exposure.yml",)    # docs/EXPOSURE.md is the template's own table
 DOCS = ("README.md", "docs/*.md", "roles/*/README.md", "apps/README.md", "apps/*/README.md", "bench/README.md",
@@ -132,13 +134,24 @@ def check(doc, paths, tops, tags):
             for tag in match.group(1).split(","):
                 if tag and tag not in tags:
                     misses.append("%s: no tag %s in site.yml, playbooks/ or roles/" % (where, tag))
-        if ISSUE.search(line):
-            misses.append("%s: cites %r, and no issue tracker comes with the repository: say what it was "
-                          "(a commit, a date)" % (where, ISSUE.search(line).group(0)))
-        for match in ON_THE_TEMPLATE.finditer(line):
-            if not any(book in match.group(0) for book in TEMPLATE_PLAYBOOKS):
-                misses.append("%s: runs against inventory/production, the template: your copy "
-                              "(-i inventory/mysite) is meant" % where)
+        misses += text_misses(where, line)
+    return misses
+
+
+def text_misses(where, line):
+    """What a reader of the repository alone cannot follow: an issue number, the writer's paths, a run
+    on the template."""
+    misses = []
+    if ISSUE.search(line):
+        misses.append("%s: cites %r, and no issue tracker comes with the repository: say what it was "
+                      "(a commit, a date)" % (where, ISSUE.search(line).group(0)))
+    if WRITERS_MACHINE.search(line):
+        misses.append("%s: names %s, a path on the machine this was written on" % (
+            where, WRITERS_MACHINE.search(line).group(0).rstrip("`.,;:)")))
+    for match in ON_THE_TEMPLATE.finditer(line):
+        if not any(book in match.group(0) for book in TEMPLATE_PLAYBOOKS):
+            misses.append("%s: runs against inventory/production, the template: your copy "
+                          "(-i inventory/mysite) is meant" % where)
     return misses
 
 

@@ -43,7 +43,8 @@ def test_an_issue_number_and_a_run_on_the_template_are_each_named(tmp_path):
     doc = ROOT / "apps" / "farm" / ("zz-%s.md" % tmp_path.name)     # an app's README's place: its own paths
     doc.write_text("As in issue 14, run `ansible-playbook -i inventory/production site.yml`.\n"
                    "`ansible-playbook -i inventory/production playbooks/exposure.yml --tags doc` is fine.\n"
-                   "`tests/test_lease_calls.py` (the app's), `chainsx/intel-vca2-dkms:apps/vcactl.cpp` (another's).\n")
+                   "`tests/test_lease_calls.py` (the app's), `chainsx/intel-vca2-dkms:apps/vcactl.cpp` (another's).\n"
+                   "Read `/work/shared/data.json`.\n")
     try:
         done = run(doc)
     finally:
@@ -55,4 +56,5 @@ def test_an_issue_number_and_a_run_on_the_template_are_each_named(tmp_path):
         "(a commit, a date)" % where in lines
     assert "%s:1: runs against inventory/production, the template: your copy (-i inventory/mysite) is meant" \
         % where in lines
-    assert lines[-1] == "1 documents: 2 stale references", lines
+    assert "%s:4: names /work/shared/data.json, a path on the machine this was written on" % where in lines
+    assert lines[-1] == "1 documents: 3 stale references", lines
