@@ -35,3 +35,26 @@ def test_a_stale_path_playbook_and_tag_are_each_named(tmp_path):
     assert "%s:1: no tag nosuch in site.yml, playbooks/ or roles/" % doc.relative_to(ROOT) in lines
     assert "%s:2: no roles/gone/README.md in the repository" % doc.relative_to(ROOT) in lines
     assert lines[-1] == "1 documents: 4 stale references", lines      # nothing else: the rest exists or is not ours
+
+
+def test_an_issue_number_and_a_run_on_the_template_are_each_named(tmp_path):
+    """No tracker ships with the repository, and the owner runs their copy of the template; the
+    template's own page (playbooks/exposure.yml --tags doc) is the one command that runs on it."""
+    doc = ROOT / "apps" / "farm" / ("zz-%s.md" % tmp_path.name)     # an app's README's place: its own paths
+    doc.write_text("As in issue 14, run `ansible-playbook -i inventory/production site.yml`.\n"
+                   "`ansible-playbook -i inventory/production playbooks/exposure.yml --tags doc` is fine.\n"
+                   "`tests/test_lease_calls.py` (the app's), `chainsx/intel-vca2-dkms:apps/vcactl.cpp` (another's).\n"
+                   "Read `/work/shared/data.json`.\n")
+    try:
+        done = run(doc)
+    finally:
+        doc.unlink()
+    lines = done.stdout.splitlines()
+    where = doc.relative_to(ROOT)
+    assert done.returncode == 1
+    assert "%s:1: cites 'issue 14', and no issue tracker comes with the repository: say what it was " \
+        "(a commit, a date)" % where in lines
+    assert "%s:1: runs against inventory/production, the template: your copy (-i inventory/mysite) is meant" \
+        % where in lines
+    assert "%s:4: names /work/shared/data.json, a path on the machine this was written on" % where in lines
+    assert lines[-1] == "1 documents: 3 stale references", lines

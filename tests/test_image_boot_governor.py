@@ -3,15 +3,15 @@ no package of Intel's provides (the CPU governor) is set by the image itself at 
 node_base after it.
 
 The real node profile (ubuntu-22.04) is configured into a tree as the builder does it; the
-simulator's sysfs tree stands in for the card's, with the values the kernel boots with
-(powersave under intel_pstate), less the simulator's marker (a card's sysfs has none); the
-image's boot units ordered before the verifier run in that order against it; then the image's
-verifier judges the tree as a VCA node (the E3-1585L v5 in cpuinfo).
+card-shaped tree (lab/sim/vcasim/card.py: the simulator's sysfs tree at the values the kernel
+boots with, powersave under intel_pstate, less the simulator's marker, with what the card's
+kernel and Intel's drivers present) stands in for the card's; the image's boot units ordered
+before the verifier run in that order against it; then the image's verifier judges the tree as
+a VCA node. molecule/node_image does the same with the lab image as built (vcasim.card's CLI).
 """
 
 from __future__ import annotations
 
-import configparser
 import json
 import os
 import subprocess
@@ -22,68 +22,15 @@ from test_image_access import tree_with_accounts
 from conftest import ROOT
 from vca_image.build import configure
 from vca_image.profile import load
+from vcasim import card
 
 PROFILES = ROOT / "image_builder" / "profiles"
-VERIFY_UNIT = "vca-node-verify.service"
 GOVERNOR = "CPU governor is performance"
 CORETEMP = "coretemp sensors visible"
-VCA_CPU = "Intel(R) Xeon(R) CPU E3-1585L v5 @ 3.00GHz"
-
-
-def unit(path):
-    parser = configparser.ConfigParser(strict=False, interpolation=None)
-    parser.optionxform = str
-    parser.read(path)
-    return parser
-
-
-def units_before_the_verifier(rootfs):
-    """The image's enabled units that systemd starts before the verifier (its After=, their Before=)."""
-    system = rootfs / "etc/systemd/system"
-    enabled = sorted(p.name for p in (system / "multi-user.target.wants").iterdir())
-    verifier_after = unit(system / VERIFY_UNIT)["Unit"].get("After", "").split()
-    found = []
-    for name in enabled:
-        parsed = unit(system / name)
-        if name in verifier_after or VERIFY_UNIT in parsed["Unit"].get("Before", "").split():
-            found.append((name, parsed))
-    return found
-
-
-def boot(rootfs, sysfs):
-    """Run, as the boot would, each image unit that comes before the verifier (its own programs,
-    from the tree; a unit with a Condition on the tree's files is the boot's, not the card's)."""
-    ran = []
-    for name, parsed in units_before_the_verifier(rootfs):
-        argv = parsed["Service"]["ExecStart"].split()
-        program = rootfs / argv[0].lstrip("/")
-        if not program.is_file():
-            continue                              # a distribution's program: not what the image sets
-        env = dict(os.environ, VCA_NODE_VERIFY_SYS=str(sysfs))
-        subprocess.run([sys.executable, str(program), *argv[1:]], env=env, check=True, timeout=60)
-        ran.append(name)
-    return ran
-
-
-def card_tree(tmp_path, sim_tree):
-    """The simulator's node tree as a card's kernel boots it (its marker removed), a VCA node's cpuinfo."""
-    (sim_tree.root / "vcasim").unlink()
-    proc = tmp_path / "proc"
-    proc.mkdir()
-    (proc / "cpuinfo").write_text("".join("processor\t: %d\nmodel name\t: %s\n\n" % (n, VCA_CPU) for n in range(8)))
-    (proc / "modules").write_text("")
-    (proc / "cmdline").write_text("root=/dev/vcablk0p2 rw net.ifnames=0\n")
-    (proc / "meminfo").write_text("MemTotal:       32768000 kB\nMemAvailable:   30000000 kB\n")
-    return sim_tree.root, proc
 
 
 def verify(tmp_path, rootfs, sysfs, proc):
-    out = tmp_path / "verify.json"
-    env = dict(os.environ, VCA_NODE_VERIFY_SYS=str(sysfs), VCA_NODE_VERIFY_PROC=str(proc),
-               VCA_NODE_VERIFY_ETC=str(rootfs / "etc"))
-    subprocess.run([sys.executable, str(rootfs / "usr/local/sbin/vca-node-verify"), "--json", str(out)],
-                   env=env, capture_output=True, text=True, timeout=120, check=False)
-    summary = json.loads(out.read_text())
+    summary = card.verify(rootfs, sysfs, proc, tmp_path / "verify.json")
     assert summary["platform"] == "hardware", summary["platform_evidence"]
     return {r["name"]: (r["status"], r["detail"]) for r in summary["results"] if r["hardware"]}
 
@@ -96,22 +43,41 @@ def built_rootfs(tmp_path, monkeypatch):
     return rootfs
 
 
-def test_the_card_tree_boots_at_the_kernels_governor(tmp_path, sim_tree, monkeypatch):
+def test_the_card_tree_boots_at_the_kernels_governor(tmp_path, sim_params, monkeypatch):
     """Without the image's boot units the card-shaped tree fails the check: the test's tree is
     the kernel's default, not a tree that passes anyway."""
     rootfs = built_rootfs(tmp_path, monkeypatch)
-    sysfs, proc = card_tree(tmp_path, sim_tree)
+    sysfs, proc = card.card_tree(tmp_path / "card", sim_params["node"])
     checks = verify(tmp_path, rootfs, sysfs, proc)
     assert checks[GOVERNOR] == ("fail", "powersave")
 
 
-def test_the_image_sets_what_its_verifier_checks_on_a_card(tmp_path, sim_tree, monkeypatch):
+def test_the_image_sets_what_its_verifier_checks_on_a_card(tmp_path, sim_params, monkeypatch):
     rootfs = built_rootfs(tmp_path, monkeypatch)
-    sysfs, proc = card_tree(tmp_path, sim_tree)
-    assert "vca-governor.service" in boot(rootfs, sysfs)
+    sysfs, proc = card.card_tree(tmp_path / "card", sim_params["node"])
+    assert "vca-governor.service" in card.boot(rootfs, sysfs)
     checks = verify(tmp_path, rootfs, sysfs, proc)
     assert checks[GOVERNOR] == ("pass", "performance")
     assert checks[CORETEMP][0] == "pass"                    # the kernel's, in the simulator's tree
+    # the card's kernel and drivers, as the card-shaped tree presents them
+    assert checks["VCA modules loaded"][0] == "pass"
+    assert checks["/sys/class/vca/vca/state is net_device_ready or os_ready"][0] == "pass"
+
+
+def test_the_card_cli_boots_the_image_and_judges_it(tmp_path, monkeypatch):
+    """vcasim.card's command line, as molecule/node_image runs it on the lab host: the image's tree in,
+    the verifier's summary out, with the units it ran; an empty WORKDIR only."""
+    rootfs = built_rootfs(tmp_path, monkeypatch)
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "lab" / "sim"))
+    run = subprocess.run([sys.executable, "-m", "vcasim.card", str(rootfs), str(tmp_path / "work")], env=env,
+                         capture_output=True, text=True, check=False, timeout=120)
+    assert run.returncode == 0, run.stderr
+    summary = json.loads(run.stdout)
+    assert summary["platform"] == "hardware" and "vca-governor.service" in summary["booted"]
+    assert {r["name"]: r["status"] for r in summary["results"]}[GOVERNOR] == "pass"
+    again = subprocess.run([sys.executable, "-m", "vcasim.card", str(rootfs), str(tmp_path / "work")], env=env,
+                           capture_output=True, text=True, check=False, timeout=120)
+    assert again.returncode == 2 and "not empty" in again.stderr
 
 
 def test_the_governor_unit_exits_cleanly_without_cpufreq(tmp_path, monkeypatch):
@@ -123,3 +89,15 @@ def test_the_governor_unit_exits_cleanly_without_cpufreq(tmp_path, monkeypatch):
                           env=dict(os.environ, VCA_NODE_VERIFY_SYS=str(empty)), capture_output=True, text=True,
                           check=False)
     assert done.returncode == 0 and "nothing to set" in done.stdout
+
+
+def test_units_before_the_verifier_are_read_from_the_images_tree(tmp_path, monkeypatch):
+    """A wants/ link to an absolute path is resolved inside the image's tree, never on this machine; a
+    distribution's unit the tree does not hold (/lib/systemd) is no setting of the image's and is left out."""
+    rootfs = built_rootfs(tmp_path, monkeypatch)
+    wants = rootfs / "etc/systemd/system/multi-user.target.wants"
+    (wants / "networking.service").symlink_to("/lib/systemd/system/networking.service")
+    (wants / "vca-governor.service").unlink()
+    (wants / "vca-governor.service").symlink_to("/etc/systemd/system/vca-governor.service")
+    names = [name for name, _ in card.units_before_the_verifier(rootfs)]
+    assert "vca-governor.service" in names and "networking.service" not in names
