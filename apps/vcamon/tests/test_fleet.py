@@ -48,13 +48,14 @@ haproxy_server_status{proxy="llm_workers",server="vca-node1",state="UP"} 0
 haproxy_server_status{proxy="llm_workers",server="vca-node0",state="DRAIN"} 0
 haproxy_server_status{proxy="llm_workers",server="vca-node0",state="UP"} 1
 """
-TOKENS = {"/smem": "smem-metrics-token-0123456789", "/farm": "farm-metrics-token-0123456789"}
+TOKENS = {"/smem": "smem-metrics-token-0123456789", "/farm": "farm-metrics-token-0123456789",
+          "/llm-worker": "worker-key-of-vca-node1-0123"}
 
 
 @pytest.fixture(scope="module")
 def exporters():
     """One real HTTP server answering as the three services do, each path behind its own token."""
-    bodies = {"/smem": SMEM, "/farm": FARM, "/haproxy": HAPROXY}
+    bodies = {"/smem": SMEM, "/farm": FARM, "/haproxy": HAPROXY, "/llm-worker": "# TYPE llamacpp:requests_processing gauge\n"}
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):
@@ -89,6 +90,8 @@ def config(tmp_path, exporters):
     (tmp_path / "smem.token").write_text(TOKENS["/smem"] + "\n")
     # a key map, as smem's lanes keep theirs
     (tmp_path / "keys.json").write_text(json.dumps({"vca-host": TOKENS["/farm"]}))
+    # HAProxy's map of the workers' keys: one `name key` a line
+    (tmp_path / "workers.map").write_text("vca-node0 worker-key-of-vca-node0-0123\nvca-node1 %s\n" % TOKENS["/llm-worker"])
     records = tmp_path / "records"
     records.mkdir()
     services = [
@@ -97,6 +100,8 @@ def config(tmp_path, exporters):
         {"job": "farm", "node": "vca-host", "url": exporters + "/farm", "credential_file": str(tmp_path / "keys.json"),
          "credential_json_key": "vca-host"},
         {"job": "haproxy", "node": "vca-host", "url": exporters + "/haproxy"},
+        {"job": "llm-worker", "node": "vca-node1", "url": exporters + "/llm-worker",
+         "credential_file": str(tmp_path / "workers.map"), "credential_map_key": "vca-node1"},
         {"job": "llama-server", "node": "vca-node0", "url": "http://127.0.0.1:%d/metrics" % closed_port()},
     ]
     path = tmp_path / "fleet.json"
@@ -159,6 +164,7 @@ def test_each_service_is_scraped_with_its_own_credential(config):
     scraped = fleet.scrape_services(fleet.load_config(config), timeout=5)
     by_job = {s["job"]: s for s in scraped["services"]}
     assert by_job["smem"]["up"] and by_job["farm"]["up"] and by_job["haproxy"]["up"]
+    assert by_job["llm-worker"]["up"], by_job["llm-worker"]["error"]   # its own line of the map, not the file
     assert not by_job["llama-server"]["up"] and "Connection refused" in by_job["llama-server"]["error"]
     assert ["smem_worker_up", {"worker": "ingest-1"}, 0.0] in by_job["smem"]["samples"]
     wrong = dict(fleet.load_config(config)["services"][0], credential_file=str(config.parent / "keys.json"),

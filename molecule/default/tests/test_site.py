@@ -473,6 +473,7 @@ def test_the_fleet_page_shows_what_runs_the_numbers_and_what_is_open():
     for service in [("smem metrics :8787", "vca-host"), ("farm metrics :8790", "vca-host"),
                     ("vcamon agent", "vca-node0"), ("llama-server metrics :8410", "vca-node0"),
                     ("llama-server metrics :8410", "vca-node4"), ("llama-server metrics :8411", "vca-node4"),
+                    ("llm-worker metrics :8420", "vca-node0"), ("llm-worker metrics :8420", "vca-host"),
                     ("smem", "host"), ("farm-coordinator", "host"), ("farm-api", "host"), ("rabbitmq-server", "host"),
                     ("prometheus", "host"), ("farm-worker", "vca-node0"), ("farm-worker", "vca-node4")]:
         assert runs.get(service) is True, (service, view["runs"])
@@ -485,5 +486,8 @@ def test_the_fleet_page_shows_what_runs_the_numbers_and_what_is_open():
     [agent3] = [r for r in view["runs"] if r["service"] == "vcamon agent" and r["node"] == "vca-node3"]
     assert agent3["dead"] is True, agent3
     assert not [i for i in view["open"] if i["where"] == "vca-node3"], view["open"]
+    # every service that exports metrics answers the collector with its credential (a worker's key is its
+    # own line of HAProxy's map: the whole map as a header failed every llm-worker scrape)
+    assert not [i for i in view["open"] if i["what"] == "service down"], view["open"]
     text = host.check_output("vcamon fleet")
     assert text.index("what runs") < text.index("numbers that matter") < text.index("what is open"), text

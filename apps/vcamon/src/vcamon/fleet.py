@@ -11,6 +11,8 @@
 
 fleet.json: {"services": [{"job": "smem", "node": "vca-host", "url": "http://127.0.0.1:8787/metrics",
 "credential_file": "/etc/smem/metrics.token", "credential_json_key": null}], "records_dir": "/var/lib/vcamon/records"}
+A credential file is the token itself, a JSON object (credential_json_key) or HAProxy's map of `name token`
+lines (credential_map_key).
 """
 
 from __future__ import annotations
@@ -58,7 +60,15 @@ def credential(service):
         return None
     text = Path(path).read_text()
     key = service.get("credential_json_key")
-    return str(json.loads(text)[key]) if key else text.strip()
+    if key:
+        return str(json.loads(text)[key])
+    map_key = service.get("credential_map_key")   # HAProxy's map: one `name token` a line
+    if map_key:
+        found = dict(line.split(None, 1) for line in text.splitlines() if len(line.split()) == 2)
+        if map_key not in found:
+            raise KeyError("%s has no line for %s" % (path, map_key))
+        return found[map_key].strip()
+    return text.strip()
 
 
 def scrape_service(service, timeout=5.0):
