@@ -55,7 +55,8 @@ TOKENS = {"/smem": "smem-metrics-token-0123456789", "/farm": "farm-metrics-token
 @pytest.fixture(scope="module")
 def exporters():
     """One real HTTP server answering as the three services do, each path behind its own token."""
-    bodies = {"/smem": SMEM, "/farm": FARM, "/haproxy": HAPROXY, "/llm-worker": "# TYPE llamacpp:requests_processing gauge\n"}
+    bodies = {"/smem": SMEM, "/farm": FARM, "/haproxy": HAPROXY,
+              "/llm-worker": "# TYPE llamacpp:requests_processing gauge\n"}
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):
@@ -91,7 +92,8 @@ def config(tmp_path, exporters):
     # a key map, as smem's lanes keep theirs
     (tmp_path / "keys.json").write_text(json.dumps({"vca-host": TOKENS["/farm"]}))
     # HAProxy's map of the workers' keys: one `name key` a line
-    (tmp_path / "workers.map").write_text("vca-node0 worker-key-of-vca-node0-0123\nvca-node1 %s\n" % TOKENS["/llm-worker"])
+    (tmp_path / "workers.map").write_text("vca-node0 worker-key-of-vca-node0-0123\n"
+                                          "vca-node1 %s\n" % TOKENS["/llm-worker"])
     records = tmp_path / "records"
     records.mkdir()
     services = [
