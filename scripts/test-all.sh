@@ -82,8 +82,8 @@ if [[ "${VCA_TEST_LANES:-2}" != 1 && "$all_groups" == *" molecule "* ]]; then
 fi
 if [ -n "$beside" ]; then
     mkdir -p build
-    # docker-driver scenarios (none shares a lab with a scenario here), about 580 s of the molecule lane
-    beside_scenarios=${VCA_TEST_BESIDE_SCENARIOS-node_base power_cap probes vca_boot vca_host}
+    # docker-driver scenarios (none shares a lab with a scenario here), about 870 s of the molecule lane
+    beside_scenarios=${VCA_TEST_BESIDE_SCENARIOS-common node_base power_cap probes vca_boot vca_host}
     echo "=== beside molecule:$beside${beside_scenarios:+ and molecule: $beside_scenarios} (log: build/test-beside.log, printed at the end)"
     VCA_TEST_LANES=1 VCA_MOLECULE_ONLY="$beside_scenarios" VCA_APT_ARCHIVES=/var/cache/vcafleet/apt-archives-fresh \
         scripts/test-all.sh $beside ${beside_scenarios:+molecule} > build/test-beside.log 2>&1 &
@@ -109,7 +109,7 @@ for g in $groups; do
         step pytest pytest -q tests
         step vcamon-tests pytest -q apps/vcamon/tests
         step smem-tests pytest -q apps/smem/tests
-        step farm-tests pytest -q apps/farm/tests
+        step farm-tests pytest -q -n 2 apps/farm/tests    # two at a time: they mostly wait (heartbeats, stalls)
         ;;
     molecule)
         VCA_LAB_IMAGE=$(lab/image/build.sh) || exit 1
