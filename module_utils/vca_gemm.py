@@ -170,6 +170,11 @@ HALF_TILE_SPEED = 0.8         # a half-height tile's rate against the whole tile
 # (1000x3000x257: 0.64x against 0.85x for half-height tiles; 2200^3: 0.67x against 0.80x).
 HALF_WIDTH_MIN_EMPTY = 0.25
 HALF_WIDTH_SPEED = 0.9        # fitted to that one shape: the cost model's 0.79 against the measured 0.88
+# ... and only in K slices enough to fill every compute unit's resident slots (4 groups of 128
+# items) at least once: on 5999x257x3001, 128x64x16 in 1, 2, 3, 4 slices (235, 470, 705, 940
+# groups on 132 CUs) ran at 0.70, 0.62, 0.75, 0.76x cuBLAS (H100, one call), where plan_cost
+# rates 2 slices level with 4 and picked 2. The cause is not measured (fewer resident groups
+# than 4, from the TK 16 prefetch's registers, would fit these figures).
 REDUCE_FMA_PER_BYTE = 20      # split K's slabs: each byte written and read back costs 20 FMAs' time
 WAVE_MAX_SLICES = 4
 
@@ -178,8 +183,7 @@ def plan_cost(shape, params, slices, compute_units, speed=1.0):
     """FMAs' worth of time on the busiest compute unit for this (M, N, K), tiling and K slice count."""
     m, n, k = shape
     items = (params["TM"] // params["WPTM"]) * (params["TN"] // params["WPTN"])
-    groups = -(-m // params["TM"]) * -(-n // params["TN"]) * slices
-    load = -(-groups // max(int(compute_units), 1))
+    load = -(-groups(m, n, params, slices) // max(int(compute_units), 1))
     occupancy = LONE_GROUP_SPEED if load * items <= 256 and load < RESIDENT_ITEMS_PER_CU // items else 1.0
     cost = load * params["TM"] * params["TN"] * -(-k // slices) / (speed * occupancy)
     if slices > 1:
@@ -195,6 +199,17 @@ def float4_layout_fits(p):
             and (p["TM"] * p["TK"] // 4) % items == 0 and (p["TK"] * p["TN"] // 4) % items == 0)
 
 
+def groups(m, n, params, slices):
+    """Work-groups of an M x N output in this tiling, over slices K slices."""
+    return -(-m // params["TM"]) * -(-n // params["TN"]) * slices
+
+
+def resident_slots(params, compute_units):
+    """Work-groups of this tiling that all the compute units hold at once (RESIDENT_ITEMS_PER_CU)."""
+    items = (params["TM"] // params["WPTM"]) * (params["TN"] // params["WPTN"])
+    return max(int(compute_units), 1) * max(RESIDENT_ITEMS_PER_CU // items, 1)
+
+
 def empty_columns(n, tn):
     """The share of the columns that N columns in TN-wide tiles compute for nothing."""
     padded = round_up(n, tn)
@@ -203,7 +218,8 @@ def empty_columns(n, tn):
 
 def wave_plan(m, n, k, params, compute_units):
     """(params, note): the float4 tiling as given, its half-height tile (TM / 2), or where the
-    tile leaves a quarter of its columns empty its half-width tile (TN / 2, TK x 2), and a K
+    tile leaves a quarter of its columns empty its half-width tile (TN / 2, TK x 2, in K slices
+    that fill the compute units' resident slots at least once), and a K
     slice count (SPLITK) of 1 to WAVE_MAX_SLICES (none shorter than SPLIT_MIN_SLICE), whichever
     plan_cost rates fastest; note says what changed (None: nothing). Only 8x8 register blocks
     (the assumptions' own; 64x64 tiles of 8x4 lost a third at 1024 split in two on the H200);
@@ -224,6 +240,8 @@ def wave_plan(m, n, k, params, compute_units):
         for slices in range(1, WAVE_MAX_SLICES + 1):
             if slices > 1 and -(-k // slices) < SPLIT_MIN_SLICE:
                 break
+            if tiling is narrow and groups(m, n, tiling, slices) < resident_slots(tiling, compute_units):
+                continue
             cost = plan_cost((m, n, k), tiling, slices, compute_units, speed)
             if best is None or cost < best[0]:
                 best = (cost, tiling, slices)

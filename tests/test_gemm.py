@@ -557,7 +557,9 @@ def test_wave_aware_choice_halves_the_tile_width_where_a_third_of_its_columns_ar
     right (PoCL, the same N over fewer rows)."""
     planned, note = wave_plan(5999, 257, 3001, LARGE_GPU, 132)
     assert (planned["TM"], planned["TN"], planned["TK"]) == (128, 64, 16) and "half-width" in note
-    assert planned["SPLITK"] > 1                              # 235 tiles: too few for 132 units alone
+    # 235 tiles: in 2 slices (470 groups) too few to fill 132 units' 4 resident slots, which
+    # measured slower than 1, 3 or 4 slices on the H100
+    assert planned["SPLITK"] >= 3
     assert valid(dict(planned, DB=0, APAD=4), {"max_work_group_size": 1024, "local_mem_bytes": 49152}, 257)
     for shape in [(1000, 3000, 257), (2200, 2200, 2200), (4001, 3003, 1999), (3001, 4999, 701),
                   (1531, 1531, 1531), (333, 5555, 2221), (2048, 2048, 2048), (8192, 8192, 8192)]:
