@@ -163,6 +163,18 @@ def split_k(m, n, k, params, compute_units):
 RESIDENT_ITEMS_PER_CU = 512   # 8x8 register blocks: two 256-item work-groups fit on an H100 SM
 LONE_GROUP_SPEED = 0.7        # a CU holding 256 work-items or fewer runs at this share of its rate
 HALF_TILE_SPEED = 0.8         # a half-height tile's rate against the whole tile's
+# A half-width tile (TN / 2, TK x 2: the same float4 loads a work-item a chunk) is considered
+# only where the whole tile leaves at least this share of its columns empty: 5999x257x3001 in
+# 128-column tiles computes 384 columns for 257 (128x128x8 in 4 K slices 0.66x cuBLAS, 128x64x16
+# in 3 slices 0.75x, H100). Elsewhere the cost model would pick it where it measured slower
+# (1000x3000x257: 0.64x against 0.85x for half-height tiles; 2200^3: 0.67x against 0.80x).
+HALF_WIDTH_MIN_EMPTY = 0.25
+HALF_WIDTH_SPEED = 0.9        # fitted to that one shape: the cost model's 0.79 against the measured 0.88
+# ... and only in K slices enough to fill every compute unit's resident slots (4 groups of 128
+# items) at least once: on 5999x257x3001, 128x64x16 in 1, 2, 3, 4 slices (235, 470, 705, 940
+# groups on 132 CUs) ran at 0.70, 0.62, 0.75, 0.76x cuBLAS (H100, one call), where plan_cost
+# rates 2 slices level with 4 and picked 2. The cause is not measured (fewer resident groups
+# than 4, from the TK 16 prefetch's registers, would fit these figures).
 REDUCE_FMA_PER_BYTE = 20      # split K's slabs: each byte written and read back costs 20 FMAs' time
 WAVE_MAX_SLICES = 4
 
@@ -171,8 +183,7 @@ def plan_cost(shape, params, slices, compute_units, speed=1.0):
     """FMAs' worth of time on the busiest compute unit for this (M, N, K), tiling and K slice count."""
     m, n, k = shape
     items = (params["TM"] // params["WPTM"]) * (params["TN"] // params["WPTN"])
-    groups = -(-m // params["TM"]) * -(-n // params["TN"]) * slices
-    load = -(-groups // max(int(compute_units), 1))
+    load = -(-groups(m, n, params, slices) // max(int(compute_units), 1))
     occupancy = LONE_GROUP_SPEED if load * items <= 256 and load < RESIDENT_ITEMS_PER_CU // items else 1.0
     cost = load * params["TM"] * params["TN"] * -(-k // slices) / (speed * occupancy)
     if slices > 1:
@@ -180,8 +191,35 @@ def plan_cost(shape, params, slices, compute_units, speed=1.0):
     return cost
 
 
+def float4_layout_fits(p):
+    """Whether an LMEM 2 tiling's sides hold its 4x4 pieces and its chunks' float4s divide
+    evenly among its work-items (vca_autotune.valid's float4 rules)."""
+    items = (p["TM"] // p["WPTM"]) * (p["TN"] // p["WPTN"])
+    return (p["TM"] % (4 * p["WPTM"]) == 0 and p["TN"] % (4 * p["WPTN"]) == 0 and p["TK"] % 4 == 0
+            and (p["TM"] * p["TK"] // 4) % items == 0 and (p["TK"] * p["TN"] // 4) % items == 0)
+
+
+def groups(m, n, params, slices):
+    """Work-groups of an M x N output in this tiling, over slices K slices."""
+    return -(-m // params["TM"]) * -(-n // params["TN"]) * slices
+
+
+def resident_slots(params, compute_units):
+    """Work-groups of this tiling that all the compute units hold at once (RESIDENT_ITEMS_PER_CU)."""
+    items = (params["TM"] // params["WPTM"]) * (params["TN"] // params["WPTN"])
+    return max(int(compute_units), 1) * max(RESIDENT_ITEMS_PER_CU // items, 1)
+
+
+def empty_columns(n, tn):
+    """The share of the columns that N columns in TN-wide tiles compute for nothing."""
+    padded = round_up(n, tn)
+    return (padded - n) / padded
+
+
 def wave_plan(m, n, k, params, compute_units):
-    """(params, note): the float4 tiling as given, or its half-height tile (TM / 2), and a K
+    """(params, note): the float4 tiling as given, its half-height tile (TM / 2), or where the
+    tile leaves a quarter of its columns empty its half-width tile (TN / 2, TK x 2, in K slices
+    that fill the compute units' resident slots at least once), and a K
     slice count (SPLITK) of 1 to WAVE_MAX_SLICES (none shorter than SPLIT_MIN_SLICE), whichever
     plan_cost rates fastest; note says what changed (None: nothing). Only 8x8 register blocks
     (the assumptions' own; 64x64 tiles of 8x4 lost a third at 1024 split in two on the H200);
@@ -193,16 +231,23 @@ def wave_plan(m, n, k, params, compute_units):
     half = dict(params, TM=params["TM"] // 2)
     if params["TM"] % (2 * params["WPTM"]) == 0 and half["TM"] >= 32:
         tiles.append((half, HALF_TILE_SPEED))
+    narrow = dict(params, TN=params["TN"] // 2, TK=params["TK"] * 2)
+    if (narrow["TN"] >= 32 and float4_layout_fits(narrow)
+            and empty_columns(n, params["TN"]) >= HALF_WIDTH_MIN_EMPTY):
+        tiles.append((narrow, HALF_WIDTH_SPEED))
     best = None
     for tiling, speed in tiles:
         for slices in range(1, WAVE_MAX_SLICES + 1):
             if slices > 1 and -(-k // slices) < SPLIT_MIN_SLICE:
                 break
+            if tiling is narrow and groups(m, n, tiling, slices) < resident_slots(tiling, compute_units):
+                continue
             cost = plan_cost((m, n, k), tiling, slices, compute_units, speed)
             if best is None or cost < best[0]:
                 best = (cost, tiling, slices)
     _, tiling, slices = best
     notes = (["half-height tiles (TM %d)" % tiling["TM"]] * (tiling is half)
+             + ["half-width tiles (TN %d, TK %d)" % (tiling["TN"], tiling["TK"])] * (tiling is narrow)
              + ["%d K slices" % slices] * (slices > 1))
     return dict(tiling, SPLITK=slices), ", ".join(notes) or None
 

@@ -548,3 +548,25 @@ def test_wave_aware_choice_leaves_alone_what_it_was_not_fitted_for():
     assert wave_plan(4096, 128, 4096, skinny, 132) == (skinny, None)
     cpu = start_params(True, "large")
     assert wave_plan(2200, 2200, 2200, cpu, 2) == (cpu, None)
+
+
+def test_wave_aware_choice_halves_the_tile_width_where_a_third_of_its_columns_are_empty():
+    """5999x257x3001 in 128-column tiles computes 384 columns for 257: the plan takes 128x64
+    tiles with TK 16 (same float4 loads a work-item a chunk) instead. Shapes whose last column
+    tile is nearly full, where 128x64 measured slower, keep their plans; the chosen tiling runs
+    right (PoCL, the same N over fewer rows)."""
+    planned, note = wave_plan(5999, 257, 3001, LARGE_GPU, 132)
+    assert (planned["TM"], planned["TN"], planned["TK"]) == (128, 64, 16) and "half-width" in note
+    # 235 tiles: in 2 slices (470 groups) too few to fill 132 units' 4 resident slots, which
+    # measured slower than 1, 3 or 4 slices on the H100
+    assert planned["SPLITK"] >= 3
+    assert valid(dict(planned, DB=0, APAD=4), {"max_work_group_size": 1024, "local_mem_bytes": 49152}, 257)
+    for shape in [(1000, 3000, 257), (2200, 2200, 2200), (4001, 3003, 1999), (3001, 4999, 701),
+                  (1531, 1531, 1531), (333, 5555, 2221), (2048, 2048, 2048), (8192, 8192, 8192)]:
+        assert wave_plan(*shape, LARGE_GPU, 132)[0]["TN"] == 128, shape
+    a, b = random_operands(131, 257, 301, 13)
+    runner = pocl_runner()
+    run, result = runner.prepare(a, b, dict(planned, SPLITK=2), direct=False)
+    run()
+    assert runner.last_plan["tile"] == "128x64x16" and runner.last_plan["edge"]
+    assert Reference(a, b).verify(result())["passed"]
