@@ -91,3 +91,12 @@ def test_another_namespace_is_never_returned(db):
     mine = add(db, "alice", ["a zebra at noon"])
     assert keyword(db, ["zebra"])[0] == mine
     assert keyword(db, ["apple"])[0] == []
+
+
+def test_common_words_find_the_namespaces_own_matches_under_another_namespaces_newer_ones(db):
+    """The newest matches are the namespace's: bob's newer facts that hold the same common words do not hide
+    alice's older ones."""
+    mine = add(db, "alice", ["apple pie at home", "apple pie for two"])
+    add(db, "bob", [common(i) for i in range(5 * SCAN)])
+    found, _ = keyword(db, ["apple", "pie"])
+    assert sorted(found) == sorted(mine)

@@ -52,8 +52,9 @@ def rare_words(db: DB, kind: str, words: list[str], scan: int) -> list[str]:
 
 def _bm25(db: DB, kind: str, words: list[str], params: dict, n: int, *, scan: int) -> list[int]:
     """The keyword phase, its cost bounded by `scan` whatever the words match: BM25 over the rows that hold a
-    word matching at most `scan` rows (the others weigh little in BM25: their IDF is low); if every word
-    matches more, BM25 over the newest `scan` rows that match any of them."""
+    word matching at most `scan` rows of the file (the others weigh little in BM25: their IDF is low); if every
+    word matches more, BM25 over the namespace's newest `scan` rows that match any of them. In a file shared by
+    many namespaces that last scan also passes over other namespaces' newer matches."""
     # FTS first, then the rows it found (CROSS JOIN keeps that order): started from the namespace's rows,
     # SQLite would run the MATCH once per row of the namespace. The pool bounds the joins at n x 4.
     rare = rare_words(db, kind, words, scan)
@@ -62,8 +63,10 @@ def _bm25(db: DB, kind: str, words: list[str], params: dict, n: int, *, scan: in
         found = (f"(SELECT rowid AS r, bm25({fts}) AS score FROM {fts} WHERE {fts} MATCH :q AND ns = :ns"
                  " ORDER BY score LIMIT :pool)")
     else:
-        found = (f"(SELECT r, score FROM (SELECT rowid AS r, ns, bm25({fts}) AS score FROM {fts} WHERE {fts} MATCH :q"
-                 " ORDER BY rowid DESC LIMIT :scan) WHERE ns = :ns ORDER BY score LIMIT :pool)")
+        # ns inside the newest-first scan: the namespace's own newest matches, not the file's (another
+        # namespace's newer facts would hide all of its). Its cost: the matches newer than those.
+        found = (f"(SELECT r, score FROM (SELECT rowid AS r, bm25({fts}) AS score FROM {fts} WHERE {fts} MATCH :q"
+                 " AND ns = :ns ORDER BY rowid DESC LIMIT :scan) ORDER BY score LIMIT :pool)")
     if kind == "chunk":
         sql = ("SELECT c.rowid FROM " + found + " f CROSS JOIN chunks c ON c.rowid = f.r CROSS JOIN documents d"
                " ON d.id = c.document_id WHERE c.ns = :ns AND " + CHUNK_AT + " ORDER BY f.score LIMIT :n")
