@@ -9,6 +9,7 @@ import pytest
 
 from smem import db as dbm
 from smem import search, vectors
+from smem.config import Settings
 from smem.db import content_key, new_id, now
 
 DIM = 16
@@ -100,3 +101,10 @@ def test_common_words_find_the_namespaces_own_matches_under_another_namespaces_n
     add(db, "bob", [common(i) for i in range(5 * SCAN)])
     found, _ = keyword(db, ["apple", "pie"])
     assert sorted(found) == sorted(mine)
+
+
+@pytest.mark.parametrize("key,bad", [("keyword_scan", 0), ("keyword_scan", 2.5), ("keyword_scan", True),
+                                     ("coarse_oversample", -1), ("coarse_oversample", "8")])
+def test_the_knobs_refuse_bad_values(key, bad):
+    with pytest.raises(ValueError, match=key):
+        Settings(**{key: bad})
