@@ -21,6 +21,7 @@ from smem.embed import MiniLMEmbedder
 from smem.facts import content_hash
 from smem.ingest import Pipeline
 from smem.service import build
+from smem.vectors import bits as sign_bits
 from smem.workers import Supervisor
 
 PARAGRAPHS = ["Paragraph %d of the quarterly notes: the %s team shipped release %d and fixed %d bugs in the %s."
@@ -239,10 +240,12 @@ def test_erase_leaves_no_copy_in_the_file_or_wal_and_keeps_a_tombstone(svc, mini
     fact = svc.remember("alice", FACT)
     assert svc.remember("alice", FACT)["id"] == fact["id"]   # a duplicate: its history keeps the hash
     doc = svc.ingest("alice", DOC)
-    vectors = [vec_blob(v)[:64] for v in minilm.embed([FACT, DOC])]
+    embedded = minilm.embed([FACT, DOC])
+    vectors = [vec_blob(v)[:64] for v in embedded]
+    signs = [sign_bits(vec_blob(v)) for v in embedded]   # the coarse index's copy (smem.vectors)
     svc.db.close()
     before = file_bytes(svc.path)
-    assert all(n in before for n in NEEDLES[:6]) and all(v in before for v in vectors), "the scan sees them"
+    assert all(n in before for n in NEEDLES[:6]) and all(v in before for v in vectors + signs), "the scan sees them"
 
     r = svc.call("POST", "/v5/ns/alice/forget", json={"id": fact["id"], "erase": True})
     assert r.status_code == 200 and r.json()["erased"] is True, r.text
@@ -252,6 +255,7 @@ def test_erase_leaves_no_copy_in_the_file_or_wal_and_keeps_a_tombstone(svc, mini
     after = file_bytes(svc.path)
     assert [n for n in NEEDLES if n in after] == []
     assert [i for i, v in enumerate(vectors) if v in after] == []
+    assert [i for i, v in enumerate(signs) if v in after] == []
     events = svc.db.rows("SELECT event, detail FROM history WHERE memory_id=? ORDER BY id", (fact["id"],))
     assert [e["event"] for e in events][-1] == "erased"
     assert content_hash(FACT) in events[-1]["detail"]

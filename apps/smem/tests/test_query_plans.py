@@ -133,6 +133,8 @@ def drive(svc, tmp_path, tracer) -> None:
                                                        "validAt": "2099-01-01"}), 200, 201)
     for mode in ("hybrid", "memories", "chunks"):
         ok(svc.call("POST", "/v5/ns/alice/search", json={"q": "where does Ann live w1 w2", "mode": mode}))
+    # Words that each match more than keyword_scan rows: the keyword phase's other statement (newest matches).
+    ok(svc.call("POST", "/v5/ns/alice/search", json={"q": "w0 w1", "mode": "hybrid"}))
     ok(svc.call("POST", "/v5/ns/alice/search", json={"q": "Ann tea", "asOf": "2030-01-01", "rerank": "order",
                                                      "threshold": 0.1, "budgetTokens": 50}))
     page = ok(svc.call("GET", "/v5/ns/alice/memories?limit=3&history=true"))
@@ -187,7 +189,7 @@ def traced(make_service, tmp_path, monkeypatch):
     for name in operations():   # which operations ran: the API binds them when the app is built
         monkeypatch.setattr(Ops, name, counted(getattr(Ops, name), name))
     tracer.called = called
-    svc = make_service(speaker_boost=0.4)
+    svc = make_service(speaker_boost=0.4, keyword_scan=500)
     tracer.active = True
     rng = np.random.default_rng(7)
     words = bulk.Words(rng, 3000)
@@ -212,11 +214,31 @@ def check_all(svc, tracer) -> list[str]:
         c.close()
 
 
+def knn_loops(svc, tracer) -> set[str]:
+    """The vector tables that drive the plans of the service's KNN statements: with the bits filled, only the
+    bit tables (a float table here is a KNN that reads 32x more than it needs)."""
+    c = dbm.connect(str(svc.path))
+    c.exec_trace = None
+    try:
+        return {LOOP.match(detail).group(2) for sql, bindings in tracer.seen.items() if "embedding MATCH" in sql
+                for _id, _parent, detail in plan(c, sql, bindings) if "VIRTUAL TABLE" in detail}
+    finally:
+        c.close()
+
+
 def test_every_statement_smem_runs_has_a_bounded_plan(traced, tmp_path):
     svc, tracer = traced
     drive(svc, tmp_path, tracer)
     assert operations() - tracer.called - set(NOT_DRIVEN) == set(), "drive() must run every operation of Ops"
     assert len(tracer.seen) > 40   # the trace caught the service's statements
+    # KNN goes through the bit vectors (smem.vectors) for search and the duplicate check: those plans are here.
+    for table in ("vec_memories_bits", "vec_chunks_bits"):
+        assert any("FROM %s WHERE embedding MATCH" % table in sql for sql in tracer.seen), table
+    # The keyword phase's two forms (smem.search._bm25), for both kinds: by rare words, and by the newest matches.
+    for fts in ("memories_fts", "chunks_fts"):
+        for form in ("MATCH :q AND ns = :ns ORDER BY score LIMIT :pool", "MATCH :q AND ns = :ns ORDER BY rowid DESC"):
+            assert any(form in sql and fts in sql for sql in tracer.seen), (fts, form)
+    assert knn_loops(svc, tracer) == {"vec_memories_bits", "vec_chunks_bits"}
     found = check_all(svc, tracer)
     # With the planner's statistics too (smem vacuum runs ANALYZE): the plans must hold either way.
     c = dbm.connect(str(svc.path))

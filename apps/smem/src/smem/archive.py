@@ -13,7 +13,7 @@ from pathlib import Path
 import apsw
 
 from smem import db as dbm
-from smem import facts
+from smem import facts, vectors
 from smem.db import DB, now, vec_blob
 from smem.text import estimate_tokens
 
@@ -293,15 +293,15 @@ def import_(db: DB, embedder, settings, lines, *, ns: str | None = None, batch: 
     if clash:
         raise ArchiveError("customId %s is already in namespace %s" % (clash[0], ns))
 
-    def vectors(texts: list[str]) -> list[bytes]:
+    def embeddings(texts: list[str]) -> list[bytes]:
         out = []
         for i in range(0, len(texts), batch):
             out += [vec_blob(v) for v in embedder.embed(texts[i:i + batch])]
         return out
     done = [d for d in docs if d["status"] == "done"]
-    chunk_vecs = iter(vectors([c["content"] for d in done for c in d["chunks"]]))
+    chunk_vecs = iter(embeddings([c["content"] for d in done for c in d["chunks"]]))
     live = [m for m in fact_rows if m["erased_at"] is None]
-    fact_vecs = dict(zip((m["id"] for m in live), vectors([m["content"] for m in live]), strict=True))
+    fact_vecs = dict(zip((m["id"] for m in live), embeddings([m["content"] for m in live]), strict=True))
     with db.tx() as c:
         for d in docs:
             status = "done" if d["status"] == "done" else "queued"
@@ -322,7 +322,7 @@ def import_(db: DB, embedder, settings, lines, *, ns: str | None = None, batch: 
                                                         estimate_tokens(ch["content"]), v))
                 rowid = db.conn.last_insert_rowid()
                 c.execute("INSERT INTO chunks_fts(rowid, content, ns) VALUES (?,?,?)", (rowid, text, ns))
-                c.execute("INSERT INTO vec_chunks(rowid, ns, embedding) VALUES (?,?,?)", (rowid, ns, v))
+                vectors.insert(c, "chunk", rowid, ns, v)
             c.execute("INSERT INTO jobs(ns, document_id, stage, state, run_after, stages, created_at, updated_at)"
                       " VALUES (?,?,'done','done',?,?,?,?)",
                       (ns, d["id"], now(), json.dumps({"import": {"state": "done", "from": header["ns"]}}),

@@ -1,8 +1,8 @@
 """Rows straight into smem's own tables, many at a time: the bulk of a large namespace for the query-plan
 test and bench/smem_scale.py. Not a service path: no embedder (random unit vectors), no judge, no checks.
 What it writes is what smem's write path writes for a fact a caller adds (memories, memories_fts,
-vec_memories, a "created" history event) and for a done document (documents, chunks, chunks_fts,
-vec_chunks, a done job)."""
+vec_memories and its bits, a "created" history event) and for a done document (documents, chunks, chunks_fts,
+vec_chunks and its bits, a done job)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import datetime as dt
 
 import numpy as np
 
+from smem import vectors
 from smem.db import DB, TIME_FMT, content_key, new_id
 from smem.text import estimate_tokens
 
@@ -38,26 +39,26 @@ def _stamp(i: int) -> str:
 
 
 def facts(db: DB, ns: str, n: int, dim: int, *, rng: np.random.Generator | None = None,
-          words: Words | None = None, batch: int = 5000, start: int = 0) -> None:
-    """n current facts in ns, in transactions of `batch`."""
+          words: Words | None = None, batch: int = 5000, start: int = 0, vecs: np.ndarray | None = None) -> None:
+    """n current facts in ns, in transactions of `batch`; vecs: their vectors (else random unit vectors)."""
     rng = rng or np.random.default_rng(0)
     words = words or Words(rng)
     c = db.conn
     for lo in range(0, n, batch):
         k = min(batch, n - lo)
-        vecs = unit_vectors(rng, k, dim)
+        part = unit_vectors(rng, k, dim) if vecs is None else np.asarray(vecs[lo:lo + k], np.float32)
         with db.tx():
             for j in range(k):
                 text = words.sentence()
                 t = _stamp(start + lo + j)
                 mem_id = new_id("mem")
-                blob = vecs[j].tobytes()
+                blob = part[j].tobytes()
                 c.execute("INSERT INTO memories(id, ns, content, content_key, valid_from, recorded_at, origin,"
                           " embedding, indexed) VALUES (?,?,?,?,?,?,'user',?,1)",
                           (mem_id, ns, text, content_key(text), t, t, blob))
                 rowid = c.last_insert_rowid()
                 c.execute("INSERT INTO memories_fts(rowid, content, ns) VALUES (?,?,?)", (rowid, text, ns))
-                c.execute("INSERT INTO vec_memories(rowid, ns, embedding) VALUES (?,?,?)", (rowid, ns, blob))
+                vectors.insert(c, "memory", rowid, ns, blob)
                 c.execute("INSERT INTO history(ns, memory_id, event, at) VALUES (?,?,'created',?)", (ns, mem_id, t))
 
 
@@ -82,7 +83,7 @@ def documents(db: DB, ns: str, n: int, chunks_each: int, dim: int, *, rng: np.ra
                                                          v.tobytes()))
                 rowid = c.last_insert_rowid()
                 c.execute("INSERT INTO chunks_fts(rowid, content, ns) VALUES (?,?,?)", (rowid, text, ns))
-                c.execute("INSERT INTO vec_chunks(rowid, ns, embedding) VALUES (?,?,?)", (rowid, ns, v.tobytes()))
+                vectors.insert(c, "chunk", rowid, ns, v.tobytes())
             c.execute("INSERT INTO jobs(ns, document_id, stage, state, run_after, created_at, updated_at)"
                       " VALUES (?,?,'done','done',?,?,?)", (ns, doc_id, t, t, t))
     return ids

@@ -24,6 +24,12 @@ class Settings:
     context_after: int = 4                # ... and after it (search still returns and counts the chunk alone)
     context_date: bool = True             # and the document's validAt in words ("8 May 2023")
     candidates: int = 50                  # per list (BM25, vectors) before fusion
+    # KNN (search, the duplicate check, the judge): this many times the candidates by the bit vectors, then
+    # ranked exactly by cosine (smem.vectors); 0: exact KNN over the namespace's float vectors.
+    coarse_oversample: int = 8
+    # The keyword phase reads at most about this many index rows a word (smem.search._bm25): a word that
+    # matches more is left out of BM25 where a rarer word is in the query, else only its newest matches count.
+    keyword_scan: int = 4000
     speaker_boost: float = 0.4            # a transcript turn whose speaker the query names: score * (1 + this)
     default_limit: int = 10
     max_limit: int = 100
@@ -120,7 +126,9 @@ def validate(s: Settings) -> None:
 
 
 def _validate_retrieval(s: Settings) -> None:
-    for key in ("turn_tokens", "extract_window_tokens", "extract_overlap_chunks"):
+    if not isinstance(s.keyword_scan, int) or isinstance(s.keyword_scan, bool) or s.keyword_scan < 1:
+        raise ValueError("keyword_scan: a whole number >= 1, got %r" % (s.keyword_scan,))
+    for key in ("turn_tokens", "extract_window_tokens", "extract_overlap_chunks", "coarse_oversample"):
         if not isinstance(getattr(s, key), int) or getattr(s, key) < 0:
             raise ValueError("%s: a whole number >= 0, got %r" % (key, getattr(s, key)))
     if not isinstance(s.speaker_boost, int | float) or s.speaker_boost < 0:

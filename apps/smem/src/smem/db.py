@@ -14,6 +14,8 @@ import apsw
 import numpy as np
 import sqlite_vec
 
+from smem import vectors
+
 TIME_FMT = "%Y-%m-%dT%H:%M:%S.%fZ"  # fixed width, so text order is time order
 
 
@@ -159,7 +161,14 @@ def vec_table_sql(table: str, dim: int) -> str:
             " chunk_size=%d)" % (table, dim, VEC_CHUNK_SIZE))
 
 
-MIGRATIONS = [_m1, _m2, _m3, _m4, _m5, _m6]
+def _m7(c: apsw.Connection, dim: int) -> None:
+    # A coarse index beside each float vector table (smem.vectors): its bits are filled after this
+    # migration, in batches (vectors.fill_bits), so a large file's upgrade holds the write lock briefly.
+    dim_of = c.execute("SELECT value FROM meta WHERE key='dim'").fetchone()
+    vectors.create_bit_tables(c, int(dim_of[0]) if dim_of else dim, VEC_CHUNK_SIZE)
+
+
+MIGRATIONS = [_m1, _m2, _m3, _m4, _m5, _m6, _m7]
 VERSION = len(MIGRATIONS)
 
 
@@ -233,14 +242,22 @@ def migrate(c: apsw.Connection, embedder_name: str | None, dim: int | None, upto
 class DB:
     """One connection per thread onto one file; `tx()` is a write transaction taken up front."""
 
-    def __init__(self, path: str, embedder_name: str | None, dim: int | None, synchronous: str = "FULL"):
+    def __init__(self, path: str, embedder_name: str | None, dim: int | None, synchronous: str = "FULL",
+                 coarse_oversample: int = 8):
+        """coarse_oversample: a KNN query reads this many times its k by the bit vectors, then ranks them
+        exactly (smem.vectors); 0: exact KNN on the float vectors."""
         if synchronous not in SYNCHRONOUS:
             raise ValueError("synchronous: one of %s, got %r" % (", ".join(SYNCHRONOUS), synchronous))
-        self.path, self.synchronous = path, synchronous
+        if not isinstance(coarse_oversample, int) or isinstance(coarse_oversample, bool) or coarse_oversample < 0:
+            raise ValueError("coarse_oversample: a whole number >= 0, got %r" % (coarse_oversample,))
+        self.path, self.synchronous, self.coarse_oversample = path, synchronous, coarse_oversample
+        self._bits_ready = False
         self._local = threading.local()
         self._all: list[apsw.Connection] = []
         self._all_lock = threading.Lock()
         self.version = migrate(self.conn, embedder_name, dim)
+        if self.version >= 7:
+            vectors.fill_bits(self.conn)
         # A connection that changed an FTS5 table's configuration (migration 5) keeps a stale view of
         # it, and its integrity_check then reports a false checksum mismatch: use fresh ones from here.
         self.close()
@@ -277,6 +294,12 @@ class DB:
         finally:
             if c.in_transaction:
                 c.execute("COMMIT")
+
+    def coarse(self) -> bool:
+        """Whether KNN queries go through the bit vectors now (on, and their fill has ended)."""
+        if self.coarse_oversample and not self._bits_ready:
+            self._bits_ready = vectors.bits_ready(self.conn)
+        return bool(self.coarse_oversample) and self._bits_ready
 
     def one(self, sql: str, params=()) -> dict | None:
         r = self.rows(sql, params)

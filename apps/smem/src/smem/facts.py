@@ -8,6 +8,7 @@ import hashlib
 
 import numpy as np
 
+from smem import vectors
 from smem.db import DB, content_key, now, vec_blob
 from smem.text import date_label, index_texts
 
@@ -20,7 +21,7 @@ CURRENT = "m.indexed = 1 AND m.valid_to IS NULL AND m.forgotten_at IS NULL"
 
 def index_memory(c, ns: str, m: dict) -> None:
     c.execute("INSERT INTO memories_fts(rowid, content, ns) VALUES (?,?,?)", (m["rowid"], m["content"], ns))
-    c.execute("INSERT INTO vec_memories(rowid, ns, embedding) VALUES (?,?,?)", (m["rowid"], ns, m["embedding"]))
+    vectors.insert(c, "memory", m["rowid"], ns, m["embedding"])
     c.execute("UPDATE memories SET indexed=1 WHERE rowid=?", (m["rowid"],))
 
 
@@ -33,14 +34,14 @@ def chunk_index_texts(settings, contents: list[str], valid_at: str | None) -> li
 
 def unindex_memory(c, rowid: int) -> None:
     c.execute("DELETE FROM memories_fts WHERE rowid=?", (rowid,))
-    c.execute("DELETE FROM vec_memories WHERE rowid=?", (rowid,))
+    vectors.delete(c, "memory", rowid)
 
 
 def drop_chunk_index(c, doc_id: str) -> None:
     """The document's chunks out of both indexes (the chunk rows stay)."""
     for (rowid,) in c.execute("SELECT rowid FROM chunks WHERE document_id=? AND indexed=1", (doc_id,)).fetchall():
         c.execute("DELETE FROM chunks_fts WHERE rowid=?", (rowid,))
-        c.execute("DELETE FROM vec_chunks WHERE rowid=?", (rowid,))
+        vectors.delete(c, "chunk", rowid)
 
 
 def content_hash(content: str) -> str:
@@ -102,10 +103,12 @@ def near_duplicate(db: DB, ns: str, vector: np.ndarray, near: float, k: int = 10
 
 
 def nearest(db: DB, ns: str, vector: np.ndarray, k: int) -> list[dict]:
-    """The current facts among the k nearest vectors of the namespace, nearest first: {id, content, distance}."""
-    return db.rows("SELECT m.id, m.content, v.distance FROM (SELECT rowid AS r, distance FROM vec_memories"
-                   " WHERE embedding MATCH ? AND k = ? AND ns = ?) v CROSS JOIN memories m ON m.rowid = v.r"
-                   " WHERE " + CURRENT + " ORDER BY v.distance", (vec_blob(vector), k, ns))
+    """Up to k current facts of the namespace among its nearest vectors, nearest first: {id, content, distance}."""
+    return db.rows("SELECT m.id, m.content, " + vectors.DISTANCE % "m" + " AS distance FROM " +
+                   vectors.candidates("memory", db.coarse()) + " v CROSS JOIN memories m ON m.rowid = v.r"
+                   " WHERE " + CURRENT + " ORDER BY distance LIMIT :k",
+                   {"v": vec_blob(vector), "k": k, "ns": ns, "oversample": db.coarse_oversample,
+                    "bits": vectors.bits(vec_blob(vector))})
 
 
 def find_duplicate(db: DB, ns: str, content: str, vector: np.ndarray, near: float) -> str | None:

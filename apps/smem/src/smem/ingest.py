@@ -12,7 +12,7 @@ import time
 
 import apsw
 
-from smem import facts
+from smem import facts, vectors
 from smem.config import Settings
 from smem.db import DB, content_key, new_id, now, vec_blob
 from smem.embed import Embedder, EmbedderError
@@ -244,8 +244,7 @@ class Pipeline:
                 if r["indexed"]:
                     continue
                 c.execute("INSERT INTO chunks_fts(rowid, content, ns) VALUES (?,?,?)", (r["rowid"], text, job["ns"]))
-                c.execute("INSERT INTO vec_chunks(rowid, ns, embedding) VALUES (?,?,?)",
-                          (r["rowid"], job["ns"], r["embedding"]))
+                vectors.insert(c, "chunk", r["rowid"], job["ns"], r["embedding"])
             c.execute("UPDATE chunks SET indexed=1 WHERE document_id=?", (job["document_id"],))
             for m in self.db.rows("SELECT rowid, id, content, embedding, valid_from, supersedes, extends"
                                   " FROM memories WHERE document_id=? AND indexed=0", (job["document_id"],)):

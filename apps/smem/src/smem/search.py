@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from smem import facts, fusion
+from smem import facts, fusion, vectors
 from smem.config import Settings
 from smem.db import DB, now, vec_blob
 from smem.embed import Embedder
@@ -27,39 +27,70 @@ me my near of on or our she so that the their them they this to was we were what
 will with you your""".split())
 
 
+def query_words(q: str) -> list[str]:
+    """The query's content words (its stop words dropped, unless that leaves none)."""
+    return [w for w in re.findall(r"\w+", q) if w.lower() not in STOPWORDS] or re.findall(r"\w+", q)
+
+
 def fts_query(q: str) -> str | None:
     """Every content word of the query as a quoted FTS5 term, OR-ed: BM25 ranks, no FTS syntax gets through."""
-    words = [w for w in re.findall(r"\w+", q) if w.lower() not in STOPWORDS] or re.findall(r"\w+", q)
+    return _or(query_words(q))
+
+
+def _or(words: list[str]) -> str | None:
     return " OR ".join('"%s"' % w for w in words) if words else None
 
 
-def _bm25(db: DB, kind: str, match: str, params: dict, n: int) -> list[int]:
+FTS = {"chunk": "chunks_fts", "memory": "memories_fts"}
+
+
+def rare_words(db: DB, kind: str, words: list[str], scan: int) -> list[str]:
+    """The words that match at most `scan` rows of the index (any namespace); each count stops at scan + 1."""
+    probe = "SELECT count(*) FROM (SELECT rowid FROM %s WHERE %s MATCH ? LIMIT ?)" % (FTS[kind], FTS[kind])
+    return [w for w in words if db.scalar(probe, ('"%s"' % w, scan + 1)) <= scan]
+
+
+def _bm25(db: DB, kind: str, words: list[str], params: dict, n: int, *, scan: int) -> list[int]:
+    """The keyword phase, its cost bounded by `scan` whatever the words match: BM25 over the rows that hold a
+    word matching at most `scan` rows of the file (the others weigh little in BM25: their IDF is low); if every
+    word matches more, BM25 over the namespace's newest `scan` rows that match any of them. In a file shared by
+    many namespaces that last scan also passes over other namespaces' newer matches."""
     # FTS first, then the rows it found (CROSS JOIN keeps that order): started from the namespace's rows,
     # SQLite would run the MATCH once per row of the namespace. The pool bounds the joins at n x 4.
-    if kind == "chunk":
-        sql = ("SELECT c.rowid FROM (SELECT rowid AS r, bm25(chunks_fts) AS score FROM chunks_fts"
-               " WHERE chunks_fts MATCH :q AND ns = :ns ORDER BY score LIMIT :pool) f"
-               " CROSS JOIN chunks c ON c.rowid = f.r CROSS JOIN documents d ON d.id = c.document_id"
-               " WHERE c.ns = :ns AND " + CHUNK_AT + " ORDER BY f.score LIMIT :n")
+    rare = rare_words(db, kind, words, scan)
+    fts = FTS[kind]
+    if rare:
+        found = (f"(SELECT rowid AS r, bm25({fts}) AS score FROM {fts} WHERE {fts} MATCH :q AND ns = :ns"
+                 " ORDER BY score LIMIT :pool)")
     else:
-        sql = ("SELECT m.rowid FROM (SELECT rowid AS r, bm25(memories_fts) AS score FROM memories_fts"
-               " WHERE memories_fts MATCH :q AND ns = :ns ORDER BY score LIMIT :pool) f"
-               " CROSS JOIN memories m ON m.rowid = f.r WHERE m.ns = :ns AND " + FACT_AT +
-               " ORDER BY f.score LIMIT :n")
-    return [r["rowid"] for r in db.rows(sql, {**params, "q": match, "n": n, "pool": 4 * n})]
+        # ns inside the newest-first scan: the namespace's own newest matches, not the file's (another
+        # namespace's newer facts would hide all of its). Its cost: the matches newer than those.
+        found = (f"(SELECT r, score FROM (SELECT rowid AS r, bm25({fts}) AS score FROM {fts} WHERE {fts} MATCH :q"
+                 " AND ns = :ns ORDER BY rowid DESC LIMIT :scan) ORDER BY score LIMIT :pool)")
+    if kind == "chunk":
+        sql = ("SELECT c.rowid FROM " + found + " f CROSS JOIN chunks c ON c.rowid = f.r CROSS JOIN documents d"
+               " ON d.id = c.document_id WHERE c.ns = :ns AND " + CHUNK_AT + " ORDER BY f.score LIMIT :n")
+    else:
+        sql = ("SELECT m.rowid FROM " + found + " f CROSS JOIN memories m ON m.rowid = f.r WHERE m.ns = :ns AND "
+               + FACT_AT + " ORDER BY f.score LIMIT :n")
+    return [r["rowid"] for r in db.rows(sql, {**params, "q": _or(rare or words), "n": n, "pool": 4 * n,
+                                              "scan": scan})]
 
 
 def _knn(db: DB, kind: str, qv: np.ndarray, params: dict, n: int) -> list[int]:
-    # The k nearest in the namespace's partition, then the time filter on those rows: ask for more than n.
+    # The k nearest in the namespace's partition (by the bit vectors, then exactly: smem.vectors), then the
+    # time filter on those rows: ask for more than n.
+    near = vectors.candidates(kind, db.coarse())
     if kind == "chunk":
-        sql = ("SELECT c.rowid FROM (SELECT rowid AS r, distance FROM vec_chunks WHERE embedding MATCH :v"
-               " AND k = :k AND ns = :ns) v CROSS JOIN chunks c ON c.rowid = v.r CROSS JOIN documents d"
-               " ON d.id = c.document_id WHERE c.ns = :ns AND " + CHUNK_AT + " ORDER BY v.distance LIMIT :n")
+        sql = ("SELECT c.rowid FROM " + near + " v CROSS JOIN chunks c ON c.rowid = v.r CROSS JOIN documents d"
+               " ON d.id = c.document_id WHERE c.ns = :ns AND " + CHUNK_AT +
+               " ORDER BY " + vectors.DISTANCE % "c" + " LIMIT :n")
     else:
-        sql = ("SELECT m.rowid FROM (SELECT rowid AS r, distance FROM vec_memories WHERE embedding MATCH :v"
-               " AND k = :k AND ns = :ns) v CROSS JOIN memories m ON m.rowid = v.r"
-               " WHERE m.ns = :ns AND " + FACT_AT + " ORDER BY v.distance LIMIT :n")
-    return [r["rowid"] for r in db.rows(sql, {**params, "v": vec_blob(qv), "k": n * 4, "n": n})]
+        sql = ("SELECT m.rowid FROM " + near + " v CROSS JOIN memories m ON m.rowid = v.r"
+               " WHERE m.ns = :ns AND " + FACT_AT + " ORDER BY " + vectors.DISTANCE % "m" + " LIMIT :n")
+    return [r["rowid"] for r in db.rows(sql, {**params, "v": vec_blob(qv), "k": n * 4, "n": n,
+                                              "oversample": db.coarse_oversample,
+                                              "bits": vectors.bits(vec_blob(qv))})]
 
 
 def search(db: DB, embedder: Embedder, settings: Settings, ns: str, q: str, *, mode: str = "hybrid",
@@ -75,11 +106,12 @@ def search(db: DB, embedder: Embedder, settings: Settings, ns: str, q: str, *, m
     lists: list[list[tuple[str, int]]] = []
     sources: list[str] = []  # what made each list: "bm25" or "vector" (fusion weights them)
 
-    match = fts_query(q)
+    words = query_words(q)
     t = time.perf_counter()
-    if match:
+    if words:
         for kind in kinds:
-            lists.append([(kind, r) for r in _bm25(db, kind, match, params, settings.candidates)])
+            lists.append([(kind, r) for r in _bm25(db, kind, words, params, settings.candidates,
+                                                   scan=settings.keyword_scan)])
             sources.append("bm25")
     timing["bm25Ms"] = round(1000 * (time.perf_counter() - t), 2)
 

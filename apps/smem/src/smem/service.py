@@ -83,8 +83,8 @@ def open_db(path: str, settings: Settings, check_embedder: bool = True) -> DB:
     whatever its embedder; a new one is made with the configured one."""
     hold_open(path)
     if not check_embedder and os.path.exists(path):
-        return DB(path, None, None, settings.synchronous)
-    return DB(path, *embedder_identity(settings), settings.synchronous)
+        return DB(path, None, None, settings.synchronous, settings.coarse_oversample)
+    return DB(path, *embedder_identity(settings), settings.synchronous, settings.coarse_oversample)
 
 
 def lock_file(db_path: str, suffix: str) -> int:
