@@ -102,8 +102,6 @@ def _node_host(node, raw, vca_hosts):
 
 def _rule_errors(node, hv, n, subnet, where):
     """A node's card, cpu and address against its number; the address only when its host's subnet is known."""
-    if subnet is not None and n > max_node(subnet):
-        return ["%s: node %d does not fit%s (it holds nodes 0-%d)" % (node, n, where, max_node(subnet))]
     want_all = expected(n, subnet or DEFAULT_NODE_SUBNET)
     if subnet is None:
         del want_all["vca_node_ip"]
@@ -142,6 +140,10 @@ def _node_errors(nodes, groups, hosts):
                           % (node, n, seen[(host, n)], " under host %s" % host if several else ""))
         seen[(host, n)] = node
         subnet = subnets.get(host)
+        if subnet is not None and n > max_node(subnet):
+            errors.append("%s: node %d does not fit in %s's %s %s (its last node is %d)"
+                          % (node, n, host, HOST_SUBNET_VAR, subnet, max_node(subnet)))
+            continue
         # Name the host and its subnet once the fleet is more than one host on the default subnet.
         where = ""
         if subnet is not None and (several or str(subnet) != DEFAULT_NODE_SUBNET):

@@ -83,3 +83,37 @@ def test_the_production_template_passes_validation_as_shipped(tmp_path):
     run = site(inv, "--tags", "always")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "Check every node against the topology rule" in run.stdout
+
+
+def add_second_host(groups, subnet="172.30.0.0/16"):
+    """vcb-host with one card (its nodes 0-2 on its own subnet); every node names its host."""
+    lab = groups["lab"]["children"]
+    lab["vca_host"]["hosts"]["vcb-host"] = {"vca_node_subnet": subnet}
+    for card in lab["vca_nodes"]["children"].values():
+        for hv in card["hosts"].values():
+            hv["vca_host_name"] = "vca-host"
+    lab["vca_nodes"]["children"]["card0"]["hosts"].update({
+        "vcb-node%d" % n: {"vca_host_name": "vcb-host", "vca_node": n, "vca_card": 0, "vca_cpu": n,
+                           "vca_node_ip": "172.30.%d.1" % (n + 1)} for n in range(3)})
+
+
+def test_a_valid_two_host_inventory_passes_the_check_then_stops_before_any_change(tmp_path):
+    inv = copy_inventory(tmp_path)
+    edit_hosts(inv, add_second_host)
+    run = site(inv)
+    assert run.returncode != 0
+    check_task = run.stdout.split("TASK [Check every node against the topology rule")[1].split("TASK [")[0]
+    assert "ok: [localhost]" in check_task
+    said = " ".join(run.stdout.split())     # the message, however the callback wraps it
+    assert "describes 2 VCA hosts (vca-host, vcb-host), but site.yml deploys one host so far" in said
+    assert "PLAY [VCA host]" not in run.stdout
+
+
+def test_two_hosts_on_overlapping_node_subnets_stop_site(tmp_path):
+    inv = copy_inventory(tmp_path)
+    edit_hosts(inv, lambda groups: add_second_host(groups, subnet="172.31.0.0/16"))
+    run = site(inv)
+    assert run.returncode != 0
+    assert ("vca-host and vcb-host: their node subnets 172.31.0.0/16 and 172.31.0.0/16 overlap; "
+            "give each host a vca_node_subnet of its own") in run.stdout
+    assert "PLAY [VCA host]" not in run.stdout

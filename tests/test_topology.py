@@ -9,7 +9,7 @@ import shutil
 import pytest
 import yaml
 from ansible.inventory.manager import InventoryManager
-from ansible.module_utils.vca_topology import check_inventory, expected
+from ansible.module_utils.vca_topology import check_inventory, expected, fleet_layout
 from ansible.parsing.dataloader import DataLoader
 from ansible.vars.manager import VariableManager
 
@@ -167,3 +167,169 @@ def test_module_fails_with_every_error_and_changes_nothing(good, capsys):
     assert "vca-node3: is dead but listed in service group smem_interactive" in result["msg"]
     ok = run_module("vca_inventory_check", {"nodes": good[0], "groups": good[1]}, capsys)
     assert ok.get("failed") is not True and ok["nodes_checked"] == 6
+
+
+# Several VCA hosts: each host has a node subnet of its own (vca_node_subnet, default 172.31.0.0/16)
+# and numbers its nodes from 0; each node names its host (vca_host_name; optional with one host).
+def with_host2(text):
+    """The template with its "# host 2" blocks uncommented (each ends at the next marker or the indent's end)."""
+    lines, out, i = text.splitlines(), [], 0
+    while i < len(lines):
+        out.append(lines[i])
+        marker = re.match(r"^(\s*)# host 2\b", lines[i])
+        i += 1
+        if marker:
+            indent = marker.group(1)
+            while (i < len(lines) and lines[i].startswith(indent + "# ")
+                   and not re.match(r"^\s*# (card|host) \d+\b", lines[i])):
+                out.append(indent + lines[i][len(indent) + 2:])
+                i += 1
+    return "\n".join(out) + "\n"
+
+
+def fleet_of(inventory):
+    """load()'s nodes with each one's vca_host_name, and each VCA host's vca_node_subnet."""
+    nodes, groups, vm, inv = load(inventory)
+    for host in nodes:
+        nodes[host]["vca_host_name"] = vm.get_vars(host=inv.get_host(host)).get("vca_host_name")
+    hosts = {h: {"vca_node_subnet": vm.get_vars(host=inv.get_host(h)).get("vca_node_subnet")}
+             for h in groups["vca_host"]}
+    return nodes, groups, hosts
+
+
+@pytest.mark.parametrize("cards", [1, 2])
+def test_the_template_validates_with_a_second_host(tmp_path, cards):
+    inv = template_with(tmp_path, cards)
+    (inv / "hosts.yml").write_text(with_host2((inv / "hosts.yml").read_text()))
+    nodes, groups, hosts = fleet_of(inv)
+    assert check_inventory(nodes, groups, hosts=hosts) == []
+    layout, errors = fleet_layout(nodes, groups, hosts)
+    assert errors == []
+    assert layout == {
+        "vca-host": {"node_subnet": "172.31.0.0/16", "nodes": ["vca-node%d" % n for n in range(3 * cards)]},
+        "vcb-host": {"node_subnet": "172.30.0.0/16", "nodes": ["vcb-node0", "vcb-node1", "vcb-node2"]},
+    }
+    assert sorted(groups["card0"]) == ["vca-node0", "vca-node1", "vca-node2", "vcb-node0", "vcb-node1", "vcb-node2"]
+
+
+def test_a_one_host_inventory_needs_no_host_name_and_no_subnet(good):
+    nodes, groups = good
+    layout, errors = fleet_layout(nodes, groups)
+    assert errors == [] and layout == {"vca-host": {"node_subnet": "172.31.0.0/16", "nodes": sorted(nodes)}}
+
+
+@pytest.fixture
+def two_hosts(good):
+    """The lab's six nodes under vca-host, and vcb-host with one card (nodes 0-2) on 172.30.0.0/16."""
+    nodes, groups = copy.deepcopy(good)
+    for host in nodes:
+        nodes[host]["vca_host_name"] = "vca-host"
+    for n in range(3):
+        nodes["vcb-node%d" % n] = {"vca_host_name": "vcb-host", "vca_node": n, **expected(n, "172.30.0.0/16")}
+        groups["vca_nodes"].append("vcb-node%d" % n)
+        groups["card0"].append("vcb-node%d" % n)
+    groups["vca_host"].append("vcb-host")
+    hosts = {"vca-host": {}, "vcb-host": {"vca_node_subnet": "172.30.0.0/16"}}
+    return nodes, groups, hosts
+
+
+def test_two_hosts_with_node_0_each_validate(two_hosts):
+    nodes, groups, hosts = two_hosts
+    assert check_inventory(nodes, groups, hosts=hosts) == []
+    assert expected(0, "172.30.0.0/16")["vca_node_ip"] == "172.30.1.1"
+    assert fleet_layout(nodes, groups, hosts)[0]["vcb-host"]["nodes"] == ["vcb-node0", "vcb-node1", "vcb-node2"]
+
+
+def test_overlapping_node_subnets_name_both_hosts(two_hosts):
+    nodes, groups, hosts = two_hosts
+    hosts["vcb-host"]["vca_node_subnet"] = "172.31.128.0/17"
+    for n in range(3):
+        nodes["vcb-node%d" % n]["vca_node_ip"] = expected(n, "172.31.128.0/17")["vca_node_ip"]
+    assert check_inventory(nodes, groups, hosts=hosts) == [
+        "vca-host and vcb-host: their node subnets 172.31.0.0/16 and 172.31.128.0/17 overlap; "
+        "give each host a vca_node_subnet of its own"
+    ]
+
+
+def test_two_hosts_on_the_default_subnet_overlap(two_hosts):
+    nodes, groups, hosts = two_hosts
+    hosts["vcb-host"] = {}
+    errors = check_inventory(nodes, groups, hosts=hosts)
+    assert ("vca-host and vcb-host: their node subnets 172.31.0.0/16 and 172.31.0.0/16 overlap; "
+            "give each host a vca_node_subnet of its own") in errors
+
+
+def test_a_node_under_two_hosts_is_named(two_hosts):
+    nodes, groups, hosts = two_hosts
+    nodes["vcb-node1"]["vca_host_name"] = ["vcb-host", "vca-host"]
+    assert check_inventory(nodes, groups, hosts=hosts) == [
+        "vcb-node1: vca_host_name names more than one host (vca-host, vcb-host); a node sits in one host's card"
+    ]
+
+
+def test_a_node_naming_an_unknown_host_is_named(two_hosts):
+    nodes, groups, hosts = two_hosts
+    nodes["vcb-node1"]["vca_host_name"] = "vcc-host"
+    assert check_inventory(nodes, groups, hosts=hosts) == [
+        "vcb-node1: vca_host_name is 'vcc-host', expected one host of group vca_host (vca-host, vcb-host)"
+    ]
+
+
+def test_with_several_hosts_every_node_names_its_host(two_hosts):
+    nodes, groups, hosts = two_hosts
+    del nodes["vca-node2"]["vca_host_name"]
+    assert check_inventory(nodes, groups, hosts=hosts) == [
+        "vca-node2: vca_host_name is not set; with several VCA hosts (vca-host, vcb-host) every node names the one "
+        "it sits in"
+    ]
+
+
+def test_a_node_number_used_twice_under_one_host_names_the_host(two_hosts):
+    nodes, groups, hosts = two_hosts
+    nodes["vcb-node2"].update(vca_node=1, **expected(1, "172.30.0.0/16"))
+    assert check_inventory(nodes, groups, hosts=hosts) == [
+        "vcb-node2: vca_node 1 is also used by vcb-node1 under host vcb-host"
+    ]
+
+
+def test_a_node_address_outside_its_hosts_subnet_names_host_and_subnet(two_hosts):
+    nodes, groups, hosts = two_hosts
+    nodes["vcb-node1"]["vca_node_ip"] = "172.31.2.1"
+    assert check_inventory(nodes, groups, hosts=hosts) == [
+        "vcb-node1: vca_node_ip is '172.31.2.1', expected '172.30.2.1' for node 1 in vcb-host's vca_node_subnet "
+        "172.30.0.0/16"
+    ]
+
+
+@pytest.mark.parametrize(("subnet", "error"), [
+    ("172.30.1.0/16", "vcb-host: vca_node_subnet is '172.30.1.0/16', expected an IPv4 network such as "
+                      "172.31.0.0/16 (172.30.1.0/16 has host bits set)"),
+    ("172.30.0.0/24", "vcb-host: vca_node_subnet 172.30.0.0/24 is too small: node n takes its (n+1)th /24, "
+                      "so it needs /23 or wider"),
+    ("172.30.0.0/23", "vcb-node1: node 1 does not fit in vcb-host's vca_node_subnet 172.30.0.0/23 "
+                      "(its last node is 0)"),
+])
+def test_a_bad_or_small_subnet_is_named(two_hosts, subnet, error):
+    nodes, groups, hosts = two_hosts
+    hosts["vcb-host"]["vca_node_subnet"] = subnet
+    assert error in check_inventory(nodes, groups, hosts=hosts)
+
+
+def test_a_node_past_the_default_subnet_is_named(good):
+    nodes, groups = copy.deepcopy(good)
+    nodes["vca-node5"].update(vca_node=255, vca_card=85, vca_cpu=0)
+    groups["card1"].remove("vca-node5")
+    assert check_inventory(nodes, groups) == [
+        "vca-node5: node 255 does not fit in vca-host's vca_node_subnet 172.31.0.0/16 (its last node is 254)"
+    ]
+
+
+def test_module_takes_the_hosts_and_returns_the_fleet(two_hosts, capsys):
+    nodes, groups, hosts = two_hosts
+    ok = run_module("vca_inventory_check", {"nodes": nodes, "groups": groups, "vca_hosts": hosts}, capsys)
+    assert ok.get("failed") is not True and ok["nodes_checked"] == 9
+    assert ok["fleet"]["vcb-host"] == {"node_subnet": "172.30.0.0/16", "nodes": ["vcb-node0", "vcb-node1", "vcb-node2"]}
+    hosts["vcb-host"]["vca_node_subnet"] = "172.31.0.0/16"
+    bad = run_module("vca_inventory_check", {"nodes": nodes, "groups": groups, "vca_hosts": hosts}, capsys)
+    assert bad["failed"] is True and bad["changed"] is False
+    assert "vca-host and vcb-host: their node subnets 172.31.0.0/16 and 172.31.0.0/16 overlap" in bad["msg"]
