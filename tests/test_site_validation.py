@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ansible.module_utils.vca_topology import expected
 
 from conftest import ROOT
 
@@ -93,8 +94,7 @@ def add_second_host(groups, subnet="172.30.0.0/16"):
         for hv in card["hosts"].values():
             hv["vca_host_name"] = "vca-host"
     lab["vca_nodes"]["children"]["card0"]["hosts"].update({
-        "vcb-node%d" % n: {"vca_host_name": "vcb-host", "vca_node": n, "vca_card": 0, "vca_cpu": n,
-                           "vca_node_ip": "172.30.%d.1" % (n + 1)} for n in range(3)})
+        "vcb-node%d" % n: {"vca_host_name": "vcb-host", "vca_node": n, **expected(n, subnet)} for n in range(3)})
 
 
 def test_a_valid_two_host_inventory_passes_the_check_then_stops_before_any_change(tmp_path):
@@ -111,9 +111,9 @@ def test_a_valid_two_host_inventory_passes_the_check_then_stops_before_any_chang
 
 def test_two_hosts_on_overlapping_node_subnets_stop_site(tmp_path):
     inv = copy_inventory(tmp_path)
-    edit_hosts(inv, lambda groups: add_second_host(groups, subnet="172.31.0.0/16"))
+    edit_hosts(inv, lambda groups: add_second_host(groups, subnet="172.31.128.0/17"))
     run = site(inv)
     assert run.returncode != 0
-    assert ("vca-host and vcb-host: their node subnets 172.31.0.0/16 and 172.31.0.0/16 overlap; "
+    assert ("vca-host and vcb-host: their node subnets 172.31.0.0/16 and 172.31.128.0/17 overlap; "
             "give each host a vca_node_subnet of its own") in run.stdout
     assert "PLAY [VCA host]" not in run.stdout
