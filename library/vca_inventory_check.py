@@ -12,7 +12,7 @@ description:
     that rule, that node numbers are unique under each host, that card groups
     match C(vca_card), that the required groups are not empty, and that no dead
     node is in a service group.
-  - Several VCA hosts: each node names its host with C(vca_host_name) (it may be
+  - With several VCA hosts, each node names its host with C(vca_host_name) (it may be
     left unset while there is one host), each host's C(vca_node_subnet) is a
     valid IPv4 network of /23 or wider, and no two hosts' node subnets overlap.
   - Fails with one line per problem, each naming the host (or group) and the field.

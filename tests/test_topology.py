@@ -13,7 +13,7 @@ from ansible.module_utils.vca_topology import check_inventory, expected, fleet_l
 from ansible.parsing.dataloader import DataLoader
 from ansible.vars.manager import VariableManager
 
-from conftest import ROOT, run_module
+from conftest import ROOT, load_library, run_module
 
 
 def load(inventory):
@@ -333,3 +333,11 @@ def test_module_takes_the_hosts_and_returns_the_fleet(two_hosts, capsys):
     bad = run_module("vca_inventory_check", {"nodes": nodes, "groups": groups, "vca_hosts": hosts}, capsys)
     assert bad["failed"] is True and bad["changed"] is False
     assert "vca-host and vcb-host: their node subnets 172.31.0.0/16 and 172.31.0.0/16 overlap" in bad["msg"]
+
+
+def test_the_module_documents_every_option_it_takes():
+    module = load_library("vca_inventory_check")
+    doc = yaml.safe_load(module.DOCUMENTATION)
+    assert all(isinstance(line, str) for line in doc["description"])
+    assert sorted(doc["options"]) == ["groups", "nodes", "required_groups", "service_groups", "vca_hosts"]
+    assert "fleet" in yaml.safe_load(module.RETURN)
