@@ -473,7 +473,6 @@ def test_the_fleet_page_shows_what_runs_the_numbers_and_what_is_open():
     for service in [("smem metrics :8787", "vca-host"), ("farm metrics :8790", "vca-host"),
                     ("vcamon agent", "vca-node0"), ("llama-server metrics :8410", "vca-node0"),
                     ("llama-server metrics :8410", "vca-node4"), ("llama-server metrics :8411", "vca-node4"),
-                    ("llm-worker metrics :8420", "vca-node0"), ("llm-worker metrics :8420", "vca-host"),
                     ("smem", "host"), ("farm-coordinator", "host"), ("farm-api", "host"), ("rabbitmq-server", "host"),
                     ("prometheus", "host"), ("farm-worker", "vca-node0"), ("farm-worker", "vca-node4")]:
         assert runs.get(service) is True, (service, view["runs"])
