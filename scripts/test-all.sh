@@ -50,7 +50,8 @@ step() {
 # ERROR! ones, molecule's idempotence list), and pytest's exception lines, which say why.
 why_failed() {
     sed 's/\x1b\[[0-9;]*m//g' "$1" \
-        | grep -E '^(FAILED |ERROR!? |fatal: |failed: \[|CRITICAL |\* \[)|^_{3,} test[^ ]* _{3,}$|^E +[A-Za-z.]+(Error|Exception)\b'
+        | grep -E '^(FAILED |ERROR!? |fatal: |failed: \[|CRITICAL |\* \[)|^_{3,} test[^ ]* _{3,}$|^E +[A-Za-z.]+(Error|Exception)\b' \
+        | grep -vE '^FAILED - RETRYING|UNREACHABLE! =>$|\.\.\.ignoring$'
 }
 
 # The steps of the last summary in a log (a lane's, or the fresh machine's), with their why lines.
