@@ -107,8 +107,7 @@ def nearest(db: DB, ns: str, vector: np.ndarray, k: int) -> list[dict]:
     return db.rows("SELECT m.id, m.content, " + vectors.DISTANCE % "m" + " AS distance FROM " +
                    vectors.candidates("memory", db.coarse()) + " v CROSS JOIN memories m ON m.rowid = v.r"
                    " WHERE " + CURRENT + " ORDER BY distance LIMIT :k",
-                   {"v": vec_blob(vector), "k": k, "ns": ns, "oversample": db.coarse_oversample,
-                    "bits": vectors.bits(vec_blob(vector))})
+                   {"k": k, "ns": ns, **vectors.query_params(vec_blob(vector), db.coarse_oversample)})
 
 
 def find_duplicate(db: DB, ns: str, content: str, vector: np.ndarray, near: float) -> str | None:

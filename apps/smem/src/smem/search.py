@@ -88,9 +88,8 @@ def _knn(db: DB, kind: str, qv: np.ndarray, params: dict, n: int) -> list[int]:
     else:
         sql = ("SELECT m.rowid FROM " + near + " v CROSS JOIN memories m ON m.rowid = v.r"
                " WHERE m.ns = :ns AND " + FACT_AT + " ORDER BY " + vectors.DISTANCE % "m" + " LIMIT :n")
-    return [r["rowid"] for r in db.rows(sql, {**params, "v": vec_blob(qv), "k": n * 4, "n": n,
-                                              "oversample": db.coarse_oversample,
-                                              "bits": vectors.bits(vec_blob(qv))})]
+    return [r["rowid"] for r in db.rows(sql, {**params, "k": n * 4, "n": n,
+                                              **vectors.query_params(vec_blob(qv), db.coarse_oversample)})]
 
 
 def search(db: DB, embedder: Embedder, settings: Settings, ns: str, q: str, *, mode: str = "hybrid",

@@ -42,6 +42,11 @@ def delete(c, kind: str, rowid: int) -> None:
 MIN_K = 50
 
 
+def query_params(embedding: bytes, oversample: int) -> dict:
+    """The parameters a `candidates` subquery and DISTANCE read for a query vector: :v, :bits, :oversample."""
+    return {"v": embedding, "bits": bits(embedding), "oversample": oversample}
+
+
 def candidates(kind: str, coarse: bool) -> str:
     """A subquery of rowids (column r) of the namespace's (:ns) vectors nearest to :v: with coarse, the
     max(:k, MIN_K) * :oversample nearest by their bits (:bits, bits(:v); rank them by DISTANCE); else the :k
