@@ -71,7 +71,7 @@ nodes_checked:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.vca_topology import REQUIRED_GROUPS, SERVICE_GROUPS, check_inventory, fleet_layout
+from ansible.module_utils.vca_topology import REQUIRED_GROUPS, SERVICE_GROUPS, inspect_inventory
 
 
 def main():
@@ -86,8 +86,8 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    errors = check_inventory(p["nodes"], p["groups"], p["service_groups"], p["required_groups"], p["vca_hosts"])
-    fleet = fleet_layout(p["nodes"], p["groups"], p["vca_hosts"])[0]
+    errors, fleet = inspect_inventory(p["nodes"], p["groups"], p["service_groups"], p["required_groups"],
+                                      p["vca_hosts"])
     result = dict(changed=False, errors=errors, fleet=fleet, nodes_checked=len(p["nodes"]))
     if errors:
         module.fail_json(msg="inventory does not match the VCA topology:\n" + "\n".join(errors), **result)

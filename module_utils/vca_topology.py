@@ -189,6 +189,16 @@ def fleet_layout(nodes, groups, hosts=None):
     return layout, errors
 
 
+def inspect_inventory(nodes, groups, service_groups=SERVICE_GROUPS, required_groups=REQUIRED_GROUPS, hosts=None):
+    """(errors, layout): check_inventory's errors and fleet_layout's layout from one pass."""
+    node_set = set(groups.get("vca_nodes", []))
+    node_errors, layout = _node_errors(nodes, groups, hosts or {})
+    errors = (node_errors
+              + _membership_errors(groups, node_set, list(service_groups), required_groups)
+              + _card_group_errors(nodes, groups, node_set))
+    return errors, layout
+
+
 def check_inventory(nodes, groups, service_groups=SERVICE_GROUPS, required_groups=REQUIRED_GROUPS, hosts=None):
     """Return a list of error strings, each naming the host (or group) and the field.
 
@@ -196,9 +206,4 @@ def check_inventory(nodes, groups, service_groups=SERVICE_GROUPS, required_group
     groups: {group name: [hosts]} as Ansible's `groups`
     hosts: {vca host: {vca_node_subnet}}; a host that is not there, or sets nothing, has 172.31.0.0/16
     """
-    node_set = set(groups.get("vca_nodes", []))
-    return (
-        _node_errors(nodes, groups, hosts or {})[0]
-        + _membership_errors(groups, node_set, list(service_groups), required_groups)
-        + _card_group_errors(nodes, groups, node_set)
-    )
+    return inspect_inventory(nodes, groups, service_groups, required_groups, hosts)[0]
