@@ -259,46 +259,45 @@ def test_two_hosts_on_the_default_subnet_overlap(two_hosts):
             "give each host a vca_node_subnet of its own") in errors
 
 
-def test_a_node_under_two_hosts_is_named(two_hosts):
-    nodes, groups, hosts = two_hosts
+def _two_host_names(nodes):
     nodes["vcb-node1"]["vca_host_name"] = ["vcb-host", "vca-host"]
-    assert check_inventory(nodes, groups, hosts=hosts) == [
-        "vcb-node1: vca_host_name names more than one host (vca-host, vcb-host); a node sits in one host's card"
-    ]
 
 
-def test_a_node_naming_an_unknown_host_is_named(two_hosts):
-    nodes, groups, hosts = two_hosts
+def _an_unknown_host(nodes):
     nodes["vcb-node1"]["vca_host_name"] = "vcc-host"
-    assert check_inventory(nodes, groups, hosts=hosts) == [
-        "vcb-node1: vca_host_name is 'vcc-host', expected one host of group vca_host (vca-host, vcb-host)"
-    ]
 
 
-def test_with_several_hosts_every_node_names_its_host(two_hosts):
-    nodes, groups, hosts = two_hosts
+def _no_host_named(nodes):
     del nodes["vca-node2"]["vca_host_name"]
-    assert check_inventory(nodes, groups, hosts=hosts) == [
-        "vca-node2: vca_host_name is not set; with several VCA hosts (vca-host, vcb-host) every node names the one "
-        "it sits in"
-    ]
 
 
-def test_a_node_number_used_twice_under_one_host_names_the_host(two_hosts):
-    nodes, groups, hosts = two_hosts
+def _node_number_twice(nodes):
     nodes["vcb-node2"].update(vca_node=1, **expected(1, "172.30.0.0/16"))
-    assert check_inventory(nodes, groups, hosts=hosts) == [
-        "vcb-node2: vca_node 1 is also used by vcb-node1 under host vcb-host"
-    ]
 
 
-def test_a_node_address_outside_its_hosts_subnet_names_host_and_subnet(two_hosts):
-    nodes, groups, hosts = two_hosts
+def _address_outside_subnet(nodes):
     nodes["vcb-node1"]["vca_node_ip"] = "172.31.2.1"
-    assert check_inventory(nodes, groups, hosts=hosts) == [
-        "vcb-node1: vca_node_ip is '172.31.2.1', expected '172.30.2.1' for node 1 in vcb-host's vca_node_subnet "
-        "172.30.0.0/16"
-    ]
+
+
+@pytest.mark.parametrize(("break_it", "error"), [
+    (_two_host_names,
+     "vcb-node1: vca_host_name names more than one host (vca-host, vcb-host); a node sits in one host's card"),
+    (_an_unknown_host,
+     "vcb-node1: vca_host_name is 'vcc-host', expected one host of group vca_host (vca-host, vcb-host)"),
+    (_no_host_named,     # with several hosts, every node names its host
+     "vca-node2: vca_host_name is not set; with several VCA hosts (vca-host, vcb-host) every node names the one "
+     "it sits in"),
+    (_node_number_twice,
+     "vcb-node2: vca_node 1 is also used by vcb-node1 under host vcb-host"),
+    (_address_outside_subnet,
+     "vcb-node1: vca_node_ip is '172.31.2.1', expected '172.30.2.1' for node 1 in vcb-host's vca_node_subnet "
+     "172.30.0.0/16"),
+], ids=["node under two hosts", "unknown host", "several hosts, none named", "node number twice under one host",
+        "address outside its host's subnet"])
+def test_a_two_host_fault_is_named_with_its_host(two_hosts, break_it, error):
+    nodes, groups, hosts = two_hosts
+    break_it(nodes)
+    assert check_inventory(nodes, groups, hosts=hosts) == [error]
 
 
 @pytest.mark.parametrize(("subnet", "error"), [
