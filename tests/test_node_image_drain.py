@@ -85,7 +85,7 @@ def drain_and_give_back(tmp_path, smem, node, token=True, wait_s=30):
         "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))
     (tmp_path / "play.yml").write_text(json.dumps([{
         "hosts": node, "gather_facts": False,
-        "vars": {"node_image_host": node, "node_image_drain_token_file": str(token_file),
+        "vars": {"node_image_drain_host": node, "node_image_drain_token_file": str(token_file),
                  "node_image_drain_smem_url": "http://127.0.0.1:%d" % smem.server_address[1],
                  "node_image_drain_wait_s": wait_s, "node_image_drain_retry_s": 1},
         "tasks": [{"name": "Drain", "ansible.builtin.include_role": {"name": "node_image", "tasks_from": "drain"}},

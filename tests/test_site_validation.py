@@ -117,3 +117,21 @@ def test_two_hosts_on_overlapping_node_subnets_stop_site(tmp_path):
     assert ("vca-host and vcb-host: their node subnets 172.31.0.0/16 and 172.31.128.0/17 overlap; "
             "give each host a vca_node_subnet of its own") in run.stdout
     assert "PLAY [VCA host]" not in run.stdout
+
+
+def test_a_fleet_role_given_to_a_node_stops_site(tmp_path):
+    run = site(copy_inventory(tmp_path), "-e", '{"fleet_hosts": {"farm": "vca-node0"}}')
+    assert run.returncode != 0
+    said = " ".join(run.stdout.split())
+    assert "fleet_hosts gives role 'farm' to 'vca-node0', which is not a VCA host (group vca_host: vca-host)" in said
+    assert "PLAY [VCA host]" not in run.stdout
+
+
+def test_a_two_host_inventory_names_each_hosts_nodes_and_the_fleet_roles(tmp_path):
+    inv = copy_inventory(tmp_path)
+    edit_hosts(inv, add_second_host)
+    run = site(inv, "-e", '{"fleet_hosts": {"smem": "vcb-host"}}')
+    said = " ".join(run.stdout.split()).replace("''", "'")   # the YAML callback's quoted quote
+    assert "farm: vca-host; llm_front: vca-host; smem: vcb-host; monitor: vca-host; image_builder: vca-host;" in said
+    assert ("vca-host's nodes: vca-node0, vca-node1, vca-node2, vca-node3, vca-node4, vca-node5; "
+            "vcb-host's nodes: vcb-node0, vcb-node1, vcb-node2") in said

@@ -1,0 +1,148 @@
+# SPDX-License-Identifier: MIT
+"""The fleet's roles: which machine runs each service the whole fleet shares.
+
+A fleet may span several VCA hosts (group vca_host), but it runs one render
+farm broker, one LLM front, one agent memory, one monitor and one build host.
+The inventory names them in one dictionary, fleet_hosts ({role: vca host});
+a role it leaves out falls to the first VCA host, so a one-host inventory
+names nothing and runs as it always has. Each node belongs to its own host
+(host variable vca_host_name, which a one-host fleet may leave unset).
+docs/SETUP.md has the table for owners.
+"""
+
+from collections.abc import Mapping
+
+from ansible.errors import AnsibleLookupError
+from ansible.plugins.lookup import LookupBase
+
+DOCUMENTATION = r"""
+name: fleet_host
+short_description: the VCA host that plays a fleet role, or a node's own VCA host
+description:
+  - For each term, a fleet role (farm, llm_front, smem, monitor, image_builder), the host the
+    inventory's C(fleet_hosts) mapping gives it, else the first host of group vca_host.
+  - The term C(node_host) answers, for the host being templated, its own VCA host (its
+    C(vca_host_name), which a one-host fleet may leave unset).
+  - The term C(nodes) with C(of=HOST) answers the nodes (group vca_nodes) that sit in VCA host HOST,
+    as a list (use query()).
+  - Bad input (an unknown role, a role given to a machine that is not a VCA host) fails with the
+    reason. docs/SETUP.md has the table.
+options:
+  _terms:
+    description: fleet roles, node_host, or nodes
+    required: true
+  of:
+    description: the VCA host whose nodes the term C(nodes) answers
+    type: str
+"""
+
+EXAMPLES = r"""
+farm_host: "{{ lookup('fleet_host', 'farm') }}"
+proxy: "{{ hostvars[lookup('fleet_host', 'node_host')].ansible_host }}"
+my_nodes: "{{ query('fleet_host', 'nodes', of=inventory_hostname) }}"
+"""
+
+RETURN = r"""
+_raw:
+  description: one inventory hostname per term
+  type: list
+  elements: str
+"""
+
+
+# The rule (plain functions: tests/test_fleet_roles.py calls them directly).
+
+FLEET_ROLES = {
+    "farm": "the render farm's broker (RabbitMQ), coordinator and API",
+    "llm_front": "HAProxy in front of every LLM worker; the host worker of llm_workers_on_host is this host's",
+    "smem": "the agent memory service (its API, database and backups)",
+    "monitor": "Prometheus, the vcamon fleet page, the fleet report and the exposure audit's tables",
+    "image_builder": "builds the node image and the llama-server binaries once for the whole fleet",
+}
+NODE_HOST = "node_host"   # not a fleet role: the asking node's own VCA host
+NODES = "nodes"           # not a fleet role: the nodes of one VCA host
+
+
+class FleetError(ValueError):
+    pass
+
+
+def vca_hosts(groups: Mapping) -> list:
+    hosts = list(groups.get("vca_host") or [])
+    if not hosts:
+        raise FleetError("the inventory has no VCA host (group vca_host is empty or missing)")
+    return hosts
+
+
+def check_fleet_hosts(fleet_hosts, groups: Mapping) -> dict:
+    """fleet_hosts as the inventory gives it, checked: a mapping of known roles to VCA hosts."""
+    if fleet_hosts is None:
+        return {}
+    if not isinstance(fleet_hosts, Mapping):
+        raise FleetError("fleet_hosts must be a mapping of fleet role to VCA host, got %r" % (fleet_hosts,))
+    hosts = vca_hosts(groups)
+    errors = []
+    for role, host in fleet_hosts.items():
+        if role not in FLEET_ROLES:
+            errors.append("fleet_hosts names an unknown role %r (the roles: %s)" % (role, ", ".join(FLEET_ROLES)))
+        elif host not in hosts:
+            errors.append("fleet_hosts gives role %r to %r, which is not a VCA host (group vca_host: %s)"
+                          % (role, host, ", ".join(hosts)))
+    if errors:
+        raise FleetError("; ".join(errors))
+    return dict(fleet_hosts)
+
+
+def fleet_host(role: str, groups: Mapping, fleet_hosts=None) -> str:
+    """The VCA host that plays a fleet role: the inventory's choice, else the first VCA host."""
+    if role not in FLEET_ROLES:
+        raise FleetError("no fleet role %r (the roles: %s)" % (role, ", ".join(FLEET_ROLES)))
+    chosen = check_fleet_hosts(fleet_hosts, groups)
+    return chosen.get(role) or vca_hosts(groups)[0]
+
+
+def node_host(node: str, groups: Mapping, host_name=None) -> str:
+    """The VCA host a node sits in: its vca_host_name, which only a one-host fleet may leave unset."""
+    hosts = vca_hosts(groups)
+    if host_name:
+        if host_name not in hosts:
+            raise FleetError("%s names vca_host_name %r, which is not a VCA host (group vca_host: %s)"
+                             % (node, host_name, ", ".join(hosts)))
+        return host_name
+    if len(hosts) > 1:
+        raise FleetError("%s has no vca_host_name, and the fleet has %d VCA hosts (%s): name its host"
+                         % (node, len(hosts), ", ".join(hosts)))
+    return hosts[0]
+
+
+def nodes_of(host: str, groups: Mapping, host_names: Mapping) -> list:
+    """The nodes of group vca_nodes that sit in VCA host host, host_names being each one's vca_host_name."""
+    if host not in vca_hosts(groups):
+        raise FleetError("%r is not a VCA host (group vca_host: %s)" % (host, ", ".join(vca_hosts(groups))))
+    return [n for n in groups.get("vca_nodes") or [] if node_host(n, groups, host_names.get(n)) == host]
+
+
+
+class LookupModule(LookupBase):
+    def run(self, terms, variables=None, **kwargs):
+        variables = variables or {}
+        groups = variables.get("groups") or {}
+        fleet_hosts = self._templar.template(variables.get("fleet_hosts"))
+        answers = []
+        try:
+            for term in terms:
+                if term == NODES:
+                    if not kwargs.get("of"):
+                        raise FleetError("the term nodes needs of=<a VCA host>")
+                    hostvars = variables.get("hostvars") or {}
+                    names = {n: hostvars[n].get("vca_host_name") if n in hostvars else None
+                             for n in groups.get("vca_nodes") or []}
+                    answers.extend(nodes_of(kwargs["of"], groups, names))
+                elif term == NODE_HOST:
+                    host_name = self._templar.template(variables.get("vca_host_name"))
+                    answers.append(node_host(variables.get("inventory_hostname"), groups, host_name))
+                else:
+                    answers.append(fleet_host(term, groups, fleet_hosts))
+        except FleetError as err:
+            raise AnsibleLookupError(str(err)) from err
+        return answers
