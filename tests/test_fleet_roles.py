@@ -104,8 +104,8 @@ def test_every_role_takes_its_machine_from_the_fleet_roles(tmp_path):
 
 
 def test_each_host_boots_and_guards_only_its_own_nodes(tmp_path):
-    live = "ANSWER {{ inventory_hostname }}={{ v.vca_boot_live_nodes | join(',') }}"
-    tasks = [{"ansible.builtin.include_vars": {"file": str(ROOT / "roles/vca_boot/vars/main.yml"), "name": "v"}},
+    live = "ANSWER {{ inventory_hostname }}={{ vca_boot_live_nodes | join(',') }}"
+    tasks = [{"ansible.builtin.include_vars": {"file": str(ROOT / "roles/vca_boot/vars/main.yml")}},
              {"ansible.builtin.debug": {"msg": live},
               "when": "inventory_hostname in groups['vca_host']"},
              {"ansible.builtin.include_vars": {"file": str(ROOT / "roles/node_image/defaults/main.yml"), "name": "n"}},

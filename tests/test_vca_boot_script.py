@@ -99,6 +99,7 @@ def render(template, nodes, dead=(), **overrides):
     variables = defaults() | overrides | {
         "ansible_managed": "Ansible managed (test)",
         "groups": {"vca_nodes": list(nodes), "dead": list(dead)},
+        "vca_boot_nodes": sorted(nodes),   # vars/main.yml: this host's nodes (lookup fleet_host)
         "hostvars": {name: {"vca_card": card, "vca_cpu": cpu} for name, (card, cpu) in nodes.items()},
     }
     return env.from_string(template.read_text()).render(variables)
