@@ -263,15 +263,6 @@ def reduce_slices(partial, slices, rows, cols, ld=None):
     return out
 
 
-def uses_fixup(slices, params, padded_c, is_cpu, wanted=None):
-    """Whether split K sums its slices in the product kernel (FIXUP: the last slice of each tile
-    to finish adds the others' slabs) instead of a second kernel (reduce_splits): float4 tilings
-    (LMEM 2) whose C is not padded, on GPUs unless params' FIXUP says otherwise (wanted)."""
-    if slices <= 1 or padded_c or params.get("LMEM") != 2:
-        return False
-    return bool(not is_cpu if wanted is None else wanted)
-
-
 def uses_edge(m, n, k, params):
     """Whether a float4 (LMEM 2) tiling runs this shape with EDGE (bounds-checked edges, no
     padding): any side off the tile, or rows that float4 loads cannot take aligned."""
@@ -335,7 +326,6 @@ class OpenCLRunner(object):
             cl.enqueue_copy(self.queue, out, cbuf)
             return out
 
-        read_back.buffer = cbuf        # C's device buffer: a test poisons it between calls
         return abuf, bbuf, cbuf, read_back
 
     def _runner(self, steps):
@@ -371,7 +361,6 @@ class OpenCLRunner(object):
             params, wave = wave_plan(m, n, k, params, self.describe()["compute_units"])
         params = dict(params)
         forced_split = params.pop("SPLITK", 0)
-        fixup = params.pop("FIXUP", None)
         abuf, bbuf, cbuf, read_back = self._upload(a, b, (m, n))
         i32 = np.int32
         if direct is None:
@@ -408,41 +397,21 @@ class OpenCLRunner(object):
                           (i32(kp), i32(np_), bbuf, bpbuf)))
             abuf, bbuf = apbuf, bpbuf
         slices, ks = split_k(m, n, kp, dict(params, SPLITK=forced_split), self.describe()["compute_units"])
-        fixup = self._product_steps(steps, params, extra, (m, n, mp, np_, kp), split=(slices, ks),
-                                    bufs=(abuf, bbuf, cbuf), fixup=fixup)
-        self.last_plan = {"path": "tiled", "slices": slices, "k_per_slice": ks, "edge": edge, "fixup": fixup,
-                          "padded": bool((mp, np_, kp) != (m, n, k)), "launches": len(steps),
-                          "tile": "%dx%dx%d" % (params["TM"], params["TN"], params["TK"]), "wave": wave}
-        return self._runner(steps), read_back
-
-    def _product_steps(self, steps, params, extra, dims, *, split, bufs, fixup):
-        """Append the product kernel to steps, and the second kernel (reduce_splits) where K
-        slices or a padded C need it; returns whether the product kernel sums the slices itself."""
-        cl, i32 = self.cl, np.int32
-        (m, n, mp, np_, kp), (slices, ks), (abuf, bbuf, cbuf) = dims, split, bufs
         padded_c = (mp, np_) != (m, n)
+        out = self._buffer(slices * mp * np_) if slices > 1 or padded_c else cbuf
         local = (params["TN"] // params["WPTN"], params["TM"] // params["WPTM"], 1)
         glob = (-(-np_ // params["TN"]) * local[0], -(-mp // params["TM"]) * local[1], slices)
-        args = [i32(mp), i32(np_), i32(kp), i32(ks), abuf, bbuf]
-        fixup = uses_fixup(slices, params, padded_c, self.is_cpu(), fixup)
-        if fixup:
-            # the slices' slabs, and a count per output tile that the kernel leaves at 0
-            params["FIXUP"] = 1
-            counts = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
-                               hostbuf=np.zeros(glob[0] // local[0] * glob[1] // local[1], dtype=np.int32))
-            out = cbuf
-            args += [out, self._buffer(slices * m * n), counts]
-        else:
-            out = self._buffer(slices * mp * np_) if slices > 1 or padded_c else cbuf
-            args.append(out)
-        steps.append((self._kernel(params, extra), glob, local, tuple(args)))
+        steps.append((self._kernel(params, extra), glob, local, (i32(mp), i32(np_), i32(kp), i32(ks), abuf, bbuf, out)))
         if out is not cbuf:
             # GPUs: 64 x 4 work-groups over a rounded-up range (the kernel bounds-checks)
             rlocal = None if self.is_cpu() else (64, 4)
             rglob = (n, m) if rlocal is None else (round_up(n, 64), round_up(m, 4))
             steps.append((self._kernel(params, extra, "reduce_splits"), rglob, rlocal,
                           (i32(m), i32(n), i32(np_), i32(slices), i32(mp * np_), out, cbuf)))
-        return fixup
+        self.last_plan = {"path": "tiled", "slices": slices, "k_per_slice": ks, "edge": edge,
+                          "padded": bool((mp, np_, kp) != (m, n, k)), "launches": len(steps),
+                          "tile": "%dx%dx%d" % (params["TM"], params["TN"], params["TK"]), "wave": wave}
+        return self._runner(steps), read_back
 
     def prepare_shipped(self, a, b):
         """The shipped kernel's way: one element per work-item, local size left to the runtime."""

@@ -23,7 +23,6 @@ from ansible.module_utils.vca_gemm import (
     throttle_names,
     timing,
     tolerance,
-    uses_fixup,
     wave_plan,
 )
 from ansible.module_utils.vca_sensors import LAB_MARKER
@@ -355,39 +354,6 @@ def test_split_k_products_are_verified(params, shape):
     assert v["passed"] and v["elements"] == m * n, v
     run(4)                                   # a burst rewrites the slabs and the sum, never accumulates
     assert Reference(a, b).verify(result())["passed"]
-
-
-@pytest.mark.parametrize("shape", [(97, 33, 650), (64, 64, 512), (131, 257, 1301)])
-@pytest.mark.parametrize("slices", [2, 3])
-def test_split_k_sums_its_slices_in_the_product_kernel(shape, slices):
-    """FIXUP: the last slice of each output tile to finish sums the slabs into C, in the order
-    reduce_splits sums them (the same floats: bit-identical), so split K is one launch; the
-    per-tile counts it leaves at 0 let a burst of calls run right."""
-    m, n, k = shape
-    runner = pocl_runner()
-    a, b = random_operands(m, n, k, 16)
-    run, result = runner.prepare(a, b, dict(SMALL_VEC, SPLITK=slices, FIXUP=0), direct=False)
-    run()
-    assert runner.last_plan["launches"] == 2 and not runner.last_plan["fixup"]
-    two_kernels = result().copy()
-    run, result = runner.prepare(a, b, dict(SMALL_VEC, SPLITK=slices, FIXUP=1), direct=False)
-    run()
-    assert runner.last_plan["launches"] == 1 and runner.last_plan["fixup"] and runner.last_plan["slices"] == slices
-    assert Reference(a, b).verify(result())["passed"]
-    np.testing.assert_array_equal(result(), two_kernels)
-    for calls in (1, 3):        # every call sums again: C poisoned in between is written whole
-        pyopencl.enqueue_fill_buffer(runner.queue, result.buffer, np.float32(np.nan), 0, m * n * 4)
-        run(calls)
-        np.testing.assert_array_equal(result(), two_kernels)
-
-
-def test_split_k_is_summed_in_the_kernel_on_gpus_by_default():
-    assert uses_fixup(2, SMALL_VEC, False, is_cpu=False) and not uses_fixup(2, SMALL_VEC, False, is_cpu=True)
-    assert uses_fixup(2, SMALL_VEC, False, is_cpu=True, wanted=1)
-    assert not uses_fixup(2, SMALL_VEC, False, is_cpu=False, wanted=0)
-    assert not uses_fixup(1, SMALL_VEC, False, is_cpu=False)         # nothing to sum
-    assert not uses_fixup(2, SMALL_VEC, True, is_cpu=False)          # a padded C is cut back by the second kernel
-    assert not uses_fixup(2, SMALL_LMEM, False, is_cpu=False)        # the kernel sums on the float4 path only
 
 
 @pytest.mark.parametrize("shape", [(97, 33, 65), (33, 97, 130), (300, 7, 200), (5, 200, 3), (70, 36, 45), (64, 64, 61),

@@ -49,11 +49,6 @@
 // Split K: the third NDRange dimension is the K slice. Work-group z multiplies
 // K range [z*KS, min(K, (z+1)*KS)) (KS a multiple of TK) into its own M x N
 // slab of C (C + z*M*N); reduce_splits sums the slabs in a fixed order.
-// FIXUP (LMEM 2, split K): no second kernel. Each work-group writes its slab to P, then
-// counts itself in TILE_COUNT[its tile]; the last of a tile's slices to arrive sums the slabs
-// in the order z = 0, 1, ... (its own from registers: the same floats, in the same order, as
-// reduce_splits) into C, and sets the count back to 0 for the next launch. On a small product
-// the second launch and its pass over the slabs cost as much as the product's last fifth.
 // SKIP_LAST_K_TILE (tests only) drops the last K chunk: a deliberately
 // wrong kernel that a random-data check must reject.
 
@@ -77,9 +72,6 @@
 #endif
 #ifndef BV4
 #define BV4 1
-#endif
-#ifndef FIXUP
-#define FIXUP 0
 #endif
 #define RTSM (TM / WPTM)   // work-items along M
 #define RTSN (TN / WPTN)   // work-items along N
@@ -107,11 +99,7 @@ __kernel __attribute__((reqd_work_group_size(RTSN, RTSM, 1)))
 void sgemm(const int M, const int N, const int K, const int KS,
            __global const float *restrict A,
            __global const float *restrict B,
-           __global float *restrict Cout
-#if FIXUP
-           , __global float *P, __global volatile int *TILE_COUNT
-#endif
-           )
+           __global float *restrict Cout)
 {
     const int tn = get_local_id(0);
     const int tm = get_local_id(1);
@@ -119,11 +107,7 @@ void sgemm(const int M, const int N, const int K, const int KS,
     const int m0 = get_group_id(1) * TM;
     const int kb = get_group_id(2) * KS;           // this work-group's K slice
     const int ke = min(K, kb + KS);
-#if FIXUP
-    __global float *restrict C = Cout;              // the slabs go to P
-#else
     __global float *restrict C = Cout + (size_t)get_group_id(2) * M * N;
-#endif
 
 #if LMEM == 2
 #define NT (RTSM * RTSN)
@@ -136,9 +120,6 @@ void sgemm(const int M, const int N, const int K, const int KS,
 #define NBUF (DB ? 2 : 1)
     __local float As[NBUF][TK][TM + APAD] __attribute__((aligned(16)));
     __local float Bs[NBUF][TK][TN] __attribute__((aligned(16)));
-#if FIXUP
-    __local int fix_last;
-#endif
     const int tid = tm * RTSN + tn;
     float4 ra[LA4], rb[LB4];
 // four floats of a row of A, or of B or C: one 16-byte access where rows are aligned
@@ -268,55 +249,6 @@ void sgemm(const int M, const int N, const int K, const int KS,
         barrier(CLK_LOCAL_MEM_FENCE);
 #endif
     }
-    int write_c = 1;           // FIXUP: only the last slice of a tile writes C
-#if FIXUP
-    if (get_num_groups(2) > 1) {
-        const int S = get_num_groups(2), z = get_group_id(2);
-        __global float *Pz = P + (size_t)z * M * N;
-        volatile __global const float *Pv = P;
-        for (int i = 0; i < WPTM; i++) {
-            const int row = m0 + (i / 4) * RTSM * 4 + tm * 4 + i % 4;
-            if (row >= M)
-                continue;
-            for (int j = 0; j < BN; j++) {
-                const int col = n0 + j * RTSN * 4 + tn * 4;
-                if (col + 3 < N) {
-                    STOREC4((float4)(acc[i][4 * j], acc[i][4 * j + 1], acc[i][4 * j + 2], acc[i][4 * j + 3]),
-                            &Pz[row * N + col]);
-                } else {
-                    for (int q = 0; q < 4; q++)
-                        if (col + q < N)
-                            Pz[row * N + col + q] = acc[i][4 * j + q];
-                }
-            }
-        }
-        mem_fence(CLK_GLOBAL_MEM_FENCE);          // this item's slab out before the count
-        barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
-        if (tid == 0) {
-            const int t = get_group_id(1) * get_num_groups(0) + get_group_id(0);
-            fix_last = atomic_inc(&TILE_COUNT[t]) == S - 1;
-            if (fix_last)
-                TILE_COUNT[t] = 0;
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
-        write_c = fix_last;
-        mem_fence(CLK_GLOBAL_MEM_FENCE);
-        for (int i = 0; i < WPTM && write_c; i++) {
-            const int row = m0 + (i / 4) * RTSM * 4 + tm * 4 + i % 4;
-            if (row >= M)
-                continue;
-            for (int j = 0; j < WPTN; j++) {
-                const int col = n0 + (j / 4) * RTSN * 4 + tn * 4 + j % 4;
-                if (col >= N)
-                    continue;
-                float sum = 0.0f;
-                for (int s = 0; s < S; s++)
-                    sum += s == z ? acc[i][j] : Pv[(size_t)s * M * N + row * N + col];
-                acc[i][j] = sum;
-            }
-        }
-    }
-#endif
 #if EDGE
 #ifdef COUNT_CHECKED
     for (int i = 0; i < WPTM; i++)
@@ -324,7 +256,7 @@ void sgemm(const int M, const int N, const int K, const int KS,
             acc[i][j] = (float)checked;
 #endif
     if (!interior) {
-        for (int i = 0; i < WPTM && write_c; i++) {
+        for (int i = 0; i < WPTM; i++) {
             const int row = m0 + (i / 4) * RTSM * 4 + tm * 4 + i % 4;
             if (row >= M)
                 continue;
@@ -343,7 +275,7 @@ void sgemm(const int M, const int N, const int K, const int KS,
         return;
     }
 #endif
-    for (int i = 0; i < WPTM && write_c; i++) {
+    for (int i = 0; i < WPTM; i++) {
         const int row = m0 + (i / 4) * RTSM * 4 + tm * 4 + i % 4;
         for (int j = 0; j < BN; j++)
             STOREC4((float4)(acc[i][4 * j], acc[i][4 * j + 1], acc[i][4 * j + 2], acc[i][4 * j + 3]),
