@@ -183,7 +183,7 @@ class BitCache:
             if held is None:
                 if not clean or self.max_bytes <= 0:
                     return None
-                held = self._load(c, key, table, head, epoch)
+                held = self._load(c, key, table, head, epoch, len(query_bits))
                 if held is None:
                     return None
             return held.nearest(words(query_bits, held.width), m).tolist()
@@ -206,14 +206,14 @@ class BitCache:
             while self._held and total > self.max_bytes:
                 total -= self._held.popitem(last=False)[1].nbytes
 
-    def _load(self, c, key, table: str, head: int, epoch: str) -> Held | None:
+    def _load(self, c, key, table: str, head: int, epoch: str, vec_bytes: int) -> Held | None:  # noqa: PLR0917
         with self._lock:
             since = self._too_big.get(key)
         if since is not None and time.monotonic() - since < TOO_BIG_RECHECK_S:
             return None
         ns = key[1]
         try:
-            slots, size, vec_bytes = _shape(c, table, ns)
+            slots, size = _shape(c, table, ns, vec_bytes)
             width = -(-vec_bytes // 8)
             if slots * (8 * width + 9) * 5 // 4 > self.max_bytes:
                 with self._lock:
@@ -239,8 +239,8 @@ def _columns(c, table: str) -> list[str]:
     return [r[1] for r in c.execute("PRAGMA table_info(%s)" % table)]
 
 
-def _shape(c, table: str, ns: str) -> tuple[int, int, int]:
-    """(slots the namespace's chunks hold, slots a chunk, bytes a vector), the layout checked."""
+def _shape(c, table: str, ns: str, vec_bytes: int) -> tuple[int, int]:
+    """(slots the namespace's chunks hold, slots a chunk), the layout checked (vec_bytes a vector)."""
     if (_columns(c, table + "_chunks") != CHUNK_COLUMNS
             or _columns(c, table + "_vector_chunks00") != VECTOR_COLUMNS):
         raise LayoutError(table)
@@ -249,11 +249,11 @@ def _shape(c, table: str, ns: str) -> tuple[int, int, int]:
                     " WHERE c.partition00 = ?" % (table, table), (ns,)).fetchone()
     chunks, rid_max, rid_min, vec_max, vec_min = row
     if not chunks:
-        return 0, 1, 1
-    if rid_max != rid_min or vec_max != vec_min or rid_max % 8 or vec_max % (rid_max // 8):
+        return 0, 1
+    if rid_max != rid_min or vec_max != vec_min or rid_max % 8 or vec_max != rid_max // 8 * vec_bytes:
         raise LayoutError(table)
     size = rid_max // 8
-    return chunks * size, size, vec_max // size
+    return chunks * size, size
 
 
 def _read(c, table: str, ns: str, *, size: int, vec_bytes: int, width: int) -> tuple[np.ndarray, np.ndarray]:

@@ -39,6 +39,9 @@ def insert(c, kind: str, rowid: int, ns: str, embedding: bytes) -> None:
 def delete(c, kind: str, rowid: int, ns: str) -> None:
     c.execute("DELETE FROM %s WHERE rowid=?" % FLOAT[kind], (rowid,))
     c.execute("DELETE FROM %s WHERE rowid=?" % BITS[kind], (rowid,))
+    # The log's earlier copy of its bits goes too (an erased fact leaves no trace of its vector); a copy
+    # catching up reads that entry as a delete, and this one after it in any snapshot that sees either.
+    c.execute("UPDATE vector_log SET bits = NULL WHERE kind = ? AND item = ? AND bits IS NOT NULL", (kind, rowid))
     _log(c, kind, ns, rowid, None)
 
 
@@ -59,6 +62,7 @@ def create_log(c: apsw.Connection) -> None:
     """Migration 8: the change log of the bit tables, and the file's epoch (a restore gives it a new one)."""
     c.execute("CREATE TABLE vector_log(seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, ns TEXT NOT NULL,"
               " item INTEGER NOT NULL, bits BLOB)")
+    c.execute("CREATE INDEX vector_log_item ON vector_log(kind, item) WHERE bits IS NOT NULL")
     new_epoch(c)
 
 
