@@ -14,7 +14,9 @@ go through smem's service layer (smem.ops.Ops, as the HTTP API calls it) on the 
   search   Ops.search mode "memories", 4-word queries: its total (hybrid), and from the answer's own
            timing its BM25 phase (keyword) and its embed + KNN phase (semantic); p50/p95
   add      Ops.add_memory of a new sentence (embed, duplicate check, write); p50/p95
-  embed    MiniLM on one query alone (part of both search and add): p50
+  embed    MiniLM on one query alone (part of both search and add): p50/p95
+  dup      add's duplicate check alone (smem.facts.find_duplicate on that embedding): p50/p95; what add
+           costs besides these two is its write transaction (synchronous FULL: an fsync a commit)
   forget   Ops.forget by id; p50/max
   export   archive.export of the namespace (to /dev/null) and archive.backup of the file: wall time,
            while a writer thread adds facts to another namespace; the longest single add it saw
@@ -45,6 +47,7 @@ from smem_locomo import table  # the benches print their tables one way
 from smem import archive, bulk
 from smem.auth import Principal
 from smem.config import Settings
+from smem.facts import find_duplicate
 from smem.service import build
 
 ADMIN = Principal("bench", frozenset(), True, frozenset(("read", "write")))
@@ -126,11 +129,15 @@ def scenario(label: str, namespaces: int, per_ns: int, args, workdir: Path) -> d
         total.append(1000 * (time.perf_counter() - t))
         bm25.append(out["timing"]["bm25Ms"])
         vector.append(out["timing"]["vectorMs"])
-    embeds = []   # the query's embedding alone: the share of search and add no index can take away
-    for _ in range(args.queries):
+    embeds, dups = [], []   # the query's embedding alone (the share of search and add no index takes away),
+    for _ in range(args.queries):   # and add's duplicate check alone on that embedding
+        sentence = words.sentence()
         t = time.perf_counter()
-        ops.embedder.embed([words.sentence(4)])
+        v = ops.embedder.embed([sentence])[0]
         embeds.append(1000 * (time.perf_counter() - t))
+        t = time.perf_counter()
+        find_duplicate(db, "bench", sentence, v, ops.settings.near_duplicate)
+        dups.append(1000 * (time.perf_counter() - t))
     adds, ids = [], []
     for _ in range(args.adds):
         t = time.perf_counter()
@@ -158,7 +165,8 @@ def scenario(label: str, namespaces: int, per_ns: int, args, workdir: Path) -> d
     return {"label": label, "facts": facts, "build_s": build_s, "size_mb": size / 1e6, "per_fact": size / facts,
             "search_p50": pct(total, 50), "search_p95": pct(total, 95), "kw_p50": pct(bm25, 50),
             "kw_p95": pct(bm25, 95), "sem_p50": pct(vector, 50), "sem_p95": pct(vector, 95),
-            "embed_p50": pct(embeds, 50), "add_p50": pct(adds, 50), "add_p95": pct(adds, 95),
+            "embed_p50": pct(embeds, 50), "embed_p95": pct(embeds, 95), "dup_p50": pct(dups, 50),
+            "dup_p95": pct(dups, 95), "add_p50": pct(adds, 50), "add_p95": pct(adds, 95),
             "forget_p50": pct(forgets, 50),
             "forget_max": max(forgets), "export_s": export_s, "export_wait": export_wait,
             "export_adds": export_adds, "backup_s": backup_s, "backup_wait": backup_wait, "backup_adds": backup_adds,
@@ -182,10 +190,12 @@ def main() -> int:
     print("smem at scale (lab, this 2-core machine; bulk facts with random unit vectors; measured operations"
           " through Ops on the embedded MiniLM default)")
     table("Search, add, forget (ms)", ["namespaces x facts", "hybrid p50", "hybrid p95", "keyword p50",
-                                       "keyword p95", "semantic p50", "semantic p95", "embed p50", "add p50", "add p95",
-                                       "forget p50", "forget max"],
+                                       "keyword p95", "semantic p50", "semantic p95", "embed p50", "embed p95",
+                                       "dup check p50",
+                                       "dup check p95", "add p50", "add p95", "forget p50", "forget max"],
           [[r["label"], r["search_p50"], r["search_p95"], r["kw_p50"], r["kw_p95"], r["sem_p50"], r["sem_p95"],
-            r["embed_p50"], r["add_p50"], r["add_p95"], r["forget_p50"], r["forget_max"]] for r in results])
+            r["embed_p50"], r["embed_p95"], r["dup_p50"], r["dup_p95"], r["add_p50"], r["add_p95"], r["forget_p50"],
+            r["forget_max"]] for r in results])
     table("Export and backup beside a writer; size", ["namespaces x facts", "export s", "writer wait ms",
                                                        "backup s", "writer wait ms ", "writes during",
                                                        "write errors", "file MB", "bytes/fact", "build s",

@@ -29,7 +29,7 @@ def test_old_version_file_is_migrated_and_keeps_its_data(tmp_path):
     c.close()
 
     d = DB(path, "e", 4)
-    assert d.version == dbm.VERSION == 7
+    assert d.version == dbm.VERSION == 8
     assert d.scalar("SELECT content FROM documents WHERE id='doc_1'") == "old text"
     versions = [r["version"] for r in d.rows("SELECT version FROM schema_version ORDER BY version")]
     assert versions == list(range(1, dbm.VERSION + 1))

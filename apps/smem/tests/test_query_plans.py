@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 import sqlite_vec
 
-from smem import archive, bulk
+from smem import archive, bit_cache, bulk, vectors
 from smem import db as dbm
 from smem.ops import Ops
 
 SMALL_TABLES = {"meta", "schema_version", "tokens", "leases", "worker_drains"}   # a handful of rows each
-GROWING = {"memories", "chunks", "documents", "history", "jobs"}
+GROWING = {"memories", "chunks", "documents", "history", "jobs", "vector_log"}   # the log: up to 50,000 rows
 # Columns that pick a namespace or a state of its rows, not a few rows (a job's state picks few: the running
 # ones are as many as the workers, the queued ones are claimed one at a time with a LIMIT).
 BROAD = ("ns", "indexed", "forgotten_at", "valid_to", "erased_at", "status")
@@ -171,7 +171,8 @@ def drive(svc, tmp_path, tracer) -> None:
 
 
 @pytest.fixture
-def traced(make_service, tmp_path, monkeypatch):
+def traced(make_service, tmp_path, monkeypatch, request):
+    """param: bit_cache_mb (default smem's: the coarse KNN on the bits held in memory; 0: sqlite-vec's scan)."""
     tracer = Tracer()
     real = dbm.connect
 
@@ -189,7 +190,7 @@ def traced(make_service, tmp_path, monkeypatch):
     for name in operations():   # which operations ran: the API binds them when the app is built
         monkeypatch.setattr(Ops, name, counted(getattr(Ops, name), name))
     tracer.called = called
-    svc = make_service(speaker_boost=0.4, keyword_scan=500)
+    svc = make_service(speaker_boost=0.4, keyword_scan=500, bit_cache_mb=getattr(request, "param", 256))
     tracer.active = True
     rng = np.random.default_rng(7)
     words = bulk.Words(rng, 3000)
@@ -226,19 +227,27 @@ def knn_loops(svc, tracer) -> set[str]:
         c.close()
 
 
+@pytest.mark.parametrize("traced", [256, 0], indirect=True, ids=["bits held", "bits scanned in sqlite"])
 def test_every_statement_smem_runs_has_a_bounded_plan(traced, tmp_path):
     svc, tracer = traced
     drive(svc, tmp_path, tracer)
     assert operations() - tracer.called - set(NOT_DRIVEN) == set(), "drive() must run every operation of Ops"
     assert len(tracer.seen) > 40   # the trace caught the service's statements
-    # KNN goes through the bit vectors (smem.vectors) for search and the duplicate check: those plans are here.
-    for table in ("vec_memories_bits", "vec_chunks_bits"):
-        assert any("FROM %s WHERE embedding MATCH" % table in sql for sql in tracer.seen), table
+    if svc.db.bit_cache is not None:
+        # KNN on the candidates the held bits found (smem.bit_cache), its change log read: those plans are here.
+        assert any(vectors.HELD in sql for sql in tracer.seen)
+        assert any(bit_cache.CHANGES in sql for sql in tracer.seen)
+        assert any("UPDATE vector_log SET bits = NULL" in sql for sql in tracer.seen)
+    else:
+        # KNN goes through the bit vectors (smem.vectors) for search and the duplicate check: those plans are here.
+        for table in ("vec_memories_bits", "vec_chunks_bits"):
+            assert any("FROM %s WHERE embedding MATCH" % table in sql for sql in tracer.seen), table
     # The keyword phase's two forms (smem.search._bm25), for both kinds: by rare words, and by the newest matches.
     for fts in ("memories_fts", "chunks_fts"):
         for form in ("MATCH :q AND ns = :ns ORDER BY score LIMIT :pool", "MATCH :q AND ns = :ns ORDER BY rowid DESC"):
             assert any(form in sql and fts in sql for sql in tracer.seen), (fts, form)
-    assert knn_loops(svc, tracer) == {"vec_memories_bits", "vec_chunks_bits"}
+    if svc.db.bit_cache is None:
+        assert knn_loops(svc, tracer) == {"vec_memories_bits", "vec_chunks_bits"}
     found = check_all(svc, tracer)
     # With the planner's statistics too (smem vacuum runs ANALYZE): the plans must hold either way.
     c = dbm.connect(str(svc.path))

@@ -138,7 +138,7 @@ def test_migration_7_fills_the_bits_of_an_older_file_in_batches(tmp_path, monkey
             conn.exec_trace = None
     monkeypatch.setattr(vectors, "fill_bits", counted)
     db = dbm.DB(path, "test-embedder", DIM)
-    assert db.version == 7
+    assert db.version == 8
     # One short transaction per 100 rows of each table, and one each to see the end.
     assert len(begun) >= 5 + 3, begun
     for table, want in (("vec_memories_bits", fact_vecs), ("vec_chunks_bits", chunk_vecs)):
@@ -163,8 +163,12 @@ def test_a_fill_beside_writes_made_after_the_migration(tmp_path):
     v = unit(rng.standard_normal(DIM))
     c.execute("INSERT INTO memories(id, ns, content, valid_from, recorded_at, origin, embedding, indexed)"
               " VALUES ('mem_new', 'alice', 'new', '2020', '2020', 'user', ?, 1)", (v.tobytes(),))
-    vectors.insert(c, "memory", c.last_insert_rowid(), "alice", v.tobytes())
-    fact_vecs[c.last_insert_rowid()] = v
+    r = c.last_insert_rowid()
+    # As smem at schema 7 indexed a fact (vectors.insert before the change log of migration 8).
+    c.execute("INSERT INTO vec_memories(rowid, ns, embedding) VALUES (?, 'alice', ?)", (r, v.tobytes()))
+    c.execute("INSERT INTO vec_memories_bits(rowid, ns, embedding) VALUES (?, 'alice', vec_bit(?))",
+              (r, vectors.bits(v.tobytes())))
+    fact_vecs[r] = v
     assert not vectors.bits_ready(c)
     db = dbm.DB(path, "test-embedder", DIM)
     assert vectors.fill_bits(c, 64) == 0   # the DB's own fill ran to the end: nothing is left
@@ -181,7 +185,7 @@ def test_knn_uses_the_floats_until_the_fill_ends(tmp_path, monkeypatch):
     real = vectors.fill_bits
     monkeypatch.setattr(vectors, "fill_bits", lambda c, batch=None: 0)   # as a process that opened it mid-fill
     db = dbm.DB(path, "test-embedder", DIM)
-    assert db.version == 7 and not db.coarse()
+    assert db.version == 8 and not db.coarse()
     q = fact_vecs[max(fact_vecs)]
     assert len(facts.nearest(db, "alice", q, 5)) == 5   # answered by the float table, the bits still empty
     assert real(db.conn) == 120

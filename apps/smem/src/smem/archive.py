@@ -197,6 +197,7 @@ def restore(backup_path: str, db_path: str, force: bool = False) -> dict:
         _copy(src, staged)
     finally:
         src.close()
+    _new_vectors_epoch(staged)
     if os.geteuid() == 0:   # the service opens it as its user: the file and its lock files are that user's
         for p in (staged, Path(db_path + ".lock"), Path(db_path + ".users")):
             if p.exists():
@@ -206,6 +207,16 @@ def restore(backup_path: str, db_path: str, force: bool = False) -> dict:
     os.replace(staged, dest)
     _fsync_dir(dest.parent)
     return {"path": db_path, "schema": version, "bytes": dest.stat().st_size}
+
+
+def _new_vectors_epoch(path: Path) -> None:
+    """A process that held the replaced file's bit vectors in memory (smem.bit_cache) reads them again."""
+    c = apsw.Connection(str(path))
+    try:
+        if c.execute("SELECT 1 FROM sqlite_master WHERE name = 'vector_log'").fetchall():
+            vectors.new_epoch(c)
+    finally:
+        c.close()
 
 
 # -- export and import ----------------------------------------------------------------------------

@@ -27,6 +27,10 @@ class Settings:
     # KNN (search, the duplicate check, the judge): this many times the candidates by the bit vectors, then
     # ranked exactly by cosine (smem.vectors); 0: exact KNN over the namespace's float vectors.
     coarse_oversample: int = 8
+    # The bit vectors of the namespaces queried, held in memory (smem.bit_cache) up to this many MiB in all
+    # (about 70 MiB a million 384-dim vectors), the least recently used dropped first; a namespace larger than
+    # this, and every one with 0, is scanned in SQLite instead (~0.5 s of CPU a query at a million).
+    bit_cache_mb: int = 256
     # The keyword phase reads at most about this many index rows a word (smem.search._bm25): a word that
     # matches more is left out of BM25 where a rarer word is in the query, else only its newest matches count.
     keyword_scan: int = 4000
@@ -128,9 +132,11 @@ def validate(s: Settings) -> None:
 def _validate_retrieval(s: Settings) -> None:
     if not isinstance(s.keyword_scan, int) or isinstance(s.keyword_scan, bool) or s.keyword_scan < 1:
         raise ValueError("keyword_scan: a whole number >= 1, got %r" % (s.keyword_scan,))
-    for key in ("turn_tokens", "extract_window_tokens", "extract_overlap_chunks", "coarse_oversample"):
-        if not isinstance(getattr(s, key), int) or getattr(s, key) < 0:
-            raise ValueError("%s: a whole number >= 0, got %r" % (key, getattr(s, key)))
+    for key in ("turn_tokens", "extract_window_tokens", "extract_overlap_chunks", "coarse_oversample",
+                "bit_cache_mb"):
+        value = getattr(s, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError("%s: a whole number >= 0, got %r" % (key, value))
     if not isinstance(s.speaker_boost, int | float) or s.speaker_boost < 0:
         raise ValueError("speaker_boost: a number >= 0, got %r" % (s.speaker_boost,))
     for key in ("transient_retry_s", "transient_backoff_s", "transient_backoff_max_s"):

@@ -15,6 +15,7 @@ import numpy as np
 import sqlite_vec
 
 from smem import vectors
+from smem.bit_cache import BitCache
 
 TIME_FMT = "%Y-%m-%dT%H:%M:%S.%fZ"  # fixed width, so text order is time order
 
@@ -168,7 +169,12 @@ def _m7(c: apsw.Connection, dim: int) -> None:
     vectors.create_bit_tables(c, int(dim_of[0]) if dim_of else dim, VEC_CHUNK_SIZE)
 
 
-MIGRATIONS = [_m1, _m2, _m3, _m4, _m5, _m6, _m7]
+def _m8(c: apsw.Connection, dim: int) -> None:
+    # The bit tables' change log, which keeps each process's copy of them in memory right (smem.bit_cache).
+    vectors.create_log(c)
+
+
+MIGRATIONS = [_m1, _m2, _m3, _m4, _m5, _m6, _m7, _m8]
 VERSION = len(MIGRATIONS)
 
 
@@ -243,14 +249,17 @@ class DB:
     """One connection per thread onto one file; `tx()` is a write transaction taken up front."""
 
     def __init__(self, path: str, embedder_name: str | None, dim: int | None, synchronous: str = "FULL",
-                 coarse_oversample: int = 8):
+                 coarse_oversample: int = 8, *, bit_cache_mb: int = 256):
         """coarse_oversample: a KNN query reads this many times its k by the bit vectors, then ranks them
-        exactly (smem.vectors); 0: exact KNN on the float vectors."""
+        exactly (smem.vectors); 0: exact KNN on the float vectors. bit_cache_mb: the bit vectors of the
+        namespaces queried are held in memory up to this many MiB in all (smem.bit_cache); 0: none."""
         if synchronous not in SYNCHRONOUS:
             raise ValueError("synchronous: one of %s, got %r" % (", ".join(SYNCHRONOUS), synchronous))
-        if not isinstance(coarse_oversample, int) or isinstance(coarse_oversample, bool) or coarse_oversample < 0:
-            raise ValueError("coarse_oversample: a whole number >= 0, got %r" % (coarse_oversample,))
+        for key, value in (("coarse_oversample", coarse_oversample), ("bit_cache_mb", bit_cache_mb)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError("%s: a whole number >= 0, got %r" % (key, value))
         self.path, self.synchronous, self.coarse_oversample = path, synchronous, coarse_oversample
+        self.bit_cache = BitCache(bit_cache_mb * 2**20) if bit_cache_mb else None
         self._bits_ready = False
         self._local = threading.local()
         self._all: list[apsw.Connection] = []
@@ -294,6 +303,17 @@ class DB:
         finally:
             if c.in_transaction:
                 c.execute("COMMIT")
+
+    @contextmanager
+    def reading(self):
+        """(connection, clean): inside the transaction this thread has open, else inside a read transaction
+        opened here (clean: it holds no uncommitted write)."""
+        c = self.conn
+        if c.in_transaction:
+            yield c, False
+            return
+        with self.snapshot() as c:
+            yield c, True
 
     def coarse(self) -> bool:
         """Whether KNN queries go through the bit vectors now (on, and their fill has ended)."""

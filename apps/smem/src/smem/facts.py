@@ -32,16 +32,16 @@ def chunk_index_texts(settings, contents: list[str], valid_at: str | None) -> li
                        header=date_label(valid_at) if s.context_date else None)
 
 
-def unindex_memory(c, rowid: int) -> None:
+def unindex_memory(c, rowid: int, ns: str) -> None:
     c.execute("DELETE FROM memories_fts WHERE rowid=?", (rowid,))
-    vectors.delete(c, "memory", rowid)
+    vectors.delete(c, "memory", rowid, ns)
 
 
 def drop_chunk_index(c, doc_id: str) -> None:
     """The document's chunks out of both indexes (the chunk rows stay)."""
-    for (rowid,) in c.execute("SELECT rowid FROM chunks WHERE document_id=? AND indexed=1", (doc_id,)).fetchall():
+    for rowid, ns in c.execute("SELECT rowid, ns FROM chunks WHERE document_id=? AND indexed=1", (doc_id,)).fetchall():
         c.execute("DELETE FROM chunks_fts WHERE rowid=?", (rowid,))
-        vectors.delete(c, "chunk", rowid)
+        vectors.delete(c, "chunk", rowid, ns)
 
 
 def content_hash(content: str) -> str:
@@ -53,7 +53,7 @@ def forget(db: DB, c, ns: str, m: dict, *, erase: bool, event: str = "forgotten"
     embedding, metadata and every history detail go too; what stays is the tombstone: the id, the
     times, and the content's hash in an "erased" event."""
     t = now()
-    unindex_memory(c, m["rowid"])
+    unindex_memory(c, m["rowid"], ns)
     c.execute("UPDATE memories SET forgotten_at=coalesce(forgotten_at, ?), expired_at=coalesce(expired_at, ?)"
               " WHERE rowid=?", (t, t, m["rowid"]))
     if m.get("forgotten_at") is None:
@@ -104,10 +104,9 @@ def near_duplicate(db: DB, ns: str, vector: np.ndarray, near: float, k: int = 10
 
 def nearest(db: DB, ns: str, vector: np.ndarray, k: int) -> list[dict]:
     """Up to k current facts of the namespace among its nearest vectors, nearest first: {id, content, distance}."""
-    return db.rows("SELECT m.id, m.content, " + vectors.DISTANCE % "m" + " AS distance FROM " +
-                   vectors.candidates("memory", db.coarse()) + " v CROSS JOIN memories m ON m.rowid = v.r"
-                   " WHERE " + CURRENT + " ORDER BY distance LIMIT :k",
-                   {"k": k, "ns": ns, **vectors.query_params(vec_blob(vector), db.coarse_oversample)})
+    return vectors.knn(db, "memory", ns, vec_blob(vector), k, params={}, statement=lambda near: (
+        "SELECT m.id, m.content, " + vectors.DISTANCE % "m" + " AS distance FROM " + near +
+        " v CROSS JOIN memories m ON m.rowid = v.r WHERE " + CURRENT + " ORDER BY distance LIMIT :k"))
 
 
 def find_duplicate(db: DB, ns: str, content: str, vector: np.ndarray, near: float) -> str | None:

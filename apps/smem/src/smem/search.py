@@ -80,16 +80,15 @@ def _bm25(db: DB, kind: str, words: list[str], params: dict, n: int, *, scan: in
 def _knn(db: DB, kind: str, qv: np.ndarray, params: dict, n: int) -> list[int]:
     # The k nearest in the namespace's partition (by the bit vectors, then exactly: smem.vectors), then the
     # time filter on those rows: ask for more than n.
-    near = vectors.candidates(kind, db.coarse())
-    if kind == "chunk":
-        sql = ("SELECT c.rowid FROM " + near + " v CROSS JOIN chunks c ON c.rowid = v.r CROSS JOIN documents d"
-               " ON d.id = c.document_id WHERE c.ns = :ns AND " + CHUNK_AT +
-               " ORDER BY " + vectors.DISTANCE % "c" + " LIMIT :n")
-    else:
-        sql = ("SELECT m.rowid FROM " + near + " v CROSS JOIN memories m ON m.rowid = v.r"
-               " WHERE m.ns = :ns AND " + FACT_AT + " ORDER BY " + vectors.DISTANCE % "m" + " LIMIT :n")
-    return [r["rowid"] for r in db.rows(sql, {**params, "k": n * 4, "n": n,
-                                              **vectors.query_params(vec_blob(qv), db.coarse_oversample)})]
+    def statement(near: str) -> str:
+        if kind == "chunk":
+            return ("SELECT c.rowid FROM " + near + " v CROSS JOIN chunks c ON c.rowid = v.r CROSS JOIN documents d"
+                    " ON d.id = c.document_id WHERE c.ns = :ns AND " + CHUNK_AT +
+                    " ORDER BY " + vectors.DISTANCE % "c" + " LIMIT :n")
+        return ("SELECT m.rowid FROM " + near + " v CROSS JOIN memories m ON m.rowid = v.r"
+                " WHERE m.ns = :ns AND " + FACT_AT + " ORDER BY " + vectors.DISTANCE % "m" + " LIMIT :n")
+    return [r["rowid"] for r in vectors.knn(db, kind, params["ns"], vec_blob(qv), n * 4, statement=statement,
+                                            params={**params, "n": n})]
 
 
 def search(db: DB, embedder: Embedder, settings: Settings, ns: str, q: str, *, mode: str = "hybrid",

@@ -83,8 +83,10 @@ def open_db(path: str, settings: Settings, check_embedder: bool = True) -> DB:
     whatever its embedder; a new one is made with the configured one."""
     hold_open(path)
     if not check_embedder and os.path.exists(path):
-        return DB(path, None, None, settings.synchronous, settings.coarse_oversample)
-    return DB(path, *embedder_identity(settings), settings.synchronous, settings.coarse_oversample)
+        return DB(path, None, None, settings.synchronous, settings.coarse_oversample,
+                  bit_cache_mb=settings.bit_cache_mb)
+    return DB(path, *embedder_identity(settings), settings.synchronous, settings.coarse_oversample,
+              bit_cache_mb=settings.bit_cache_mb)
 
 
 def lock_file(db_path: str, suffix: str) -> int:

@@ -7,6 +7,9 @@ and an exact one that grows only with k."""
 
 from __future__ import annotations
 
+import json
+import secrets
+
 import apsw
 import numpy as np
 
@@ -27,13 +30,45 @@ def bits(embedding: bytes) -> bytes:
 
 
 def insert(c, kind: str, rowid: int, ns: str, embedding: bytes) -> None:
+    b = bits(embedding)
     c.execute("INSERT INTO %s(rowid, ns, embedding) VALUES (?,?,?)" % FLOAT[kind], (rowid, ns, embedding))
-    c.execute("INSERT INTO %s(rowid, ns, embedding) VALUES (?,?,vec_bit(?))" % BITS[kind], (rowid, ns, bits(embedding)))
+    c.execute("INSERT INTO %s(rowid, ns, embedding) VALUES (?,?,vec_bit(?))" % BITS[kind], (rowid, ns, b))
+    _log(c, kind, ns, rowid, b)
 
 
-def delete(c, kind: str, rowid: int) -> None:
+def delete(c, kind: str, rowid: int, ns: str) -> None:
     c.execute("DELETE FROM %s WHERE rowid=?" % FLOAT[kind], (rowid,))
     c.execute("DELETE FROM %s WHERE rowid=?" % BITS[kind], (rowid,))
+    # The log's earlier copy of its bits goes too (an erased fact leaves no trace of its vector); a copy
+    # catching up reads that entry as a delete, and this one after it in any snapshot that sees either.
+    c.execute("UPDATE vector_log SET bits = NULL WHERE kind = ? AND item = ? AND bits IS NOT NULL", (kind, rowid))
+    _log(c, kind, ns, rowid, None)
+
+
+# The change log of the bit tables (smem.bit_cache): the newest LOG_KEEP changes, older ones pruned every
+# LOG_PRUNE_EVERY; a copy held in memory that is further behind reads its namespace again.
+LOG_KEEP = 50_000
+LOG_PRUNE_EVERY = 1_000
+
+
+def _log(c, kind: str, ns: str, rowid: int, b: bytes | None) -> None:
+    c.execute("INSERT INTO vector_log(kind, ns, item, bits) VALUES (?,?,?,?)", (kind, ns, rowid, b))
+    seq = c.last_insert_rowid()
+    if seq % LOG_PRUNE_EVERY == 0:
+        c.execute("DELETE FROM vector_log WHERE seq <= ?", (seq - LOG_KEEP,))
+
+
+def create_log(c: apsw.Connection) -> None:
+    """Migration 8: the change log of the bit tables, and the file's epoch (a restore gives it a new one)."""
+    c.execute("CREATE TABLE vector_log(seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, ns TEXT NOT NULL,"
+              " item INTEGER NOT NULL, bits BLOB)")
+    c.execute("CREATE INDEX vector_log_item ON vector_log(kind, item) WHERE bits IS NOT NULL")
+    new_epoch(c)
+
+
+def new_epoch(c: apsw.Connection) -> None:
+    c.execute("INSERT INTO meta VALUES ('vectors_epoch', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+              (secrets.token_hex(8),))
 
 
 # The fewest k the coarse pass multiplies: a small k's exact top is often outside its k x 8 nearest by the
@@ -42,9 +77,26 @@ def delete(c, kind: str, rowid: int) -> None:
 MIN_K = 50
 
 
-def query_params(embedding: bytes, oversample: int) -> dict:
-    """The parameters a `candidates` subquery and DISTANCE read for a query vector: :v, :bits, :oversample."""
-    return {"v": embedding, "bits": bits(embedding), "oversample": oversample}
+# The candidates the in-memory copy found (smem.bit_cache), as candidates() names them.
+HELD = "(SELECT value AS r FROM json_each(:near))"
+
+
+def knn(db, kind: str, ns: str, embedding: bytes, k: int, *, statement, params: dict) -> list[dict]:
+    """The rows of statement(near), near a subquery of the namespace's (:ns) rowids nearest to the query
+    vector (:v): by the bits held in memory when the DB holds them (smem.bit_cache), else candidates().
+    The candidates and the rows come from one read transaction, so a vector deleted before it (a fact
+    forgotten or erased) is in neither."""
+    p = {**params, "ns": ns, "k": k, "v": embedding}
+    with db.reading() as (c, clean):
+        coarse = db.coarse()
+        near = None
+        if coarse and db.bit_cache is not None:
+            near = db.bit_cache.nearest(c, clean=clean, kind=kind, table=BITS[kind], ns=ns, query_bits=bits(embedding),
+                                        m=max(k, MIN_K) * db.coarse_oversample)
+        if near is not None:
+            return db.rows(statement(HELD), {**p, "near": json.dumps(near)})
+        return db.rows(statement(candidates(kind, coarse)), {**p, "bits": bits(embedding),
+                                                              "oversample": db.coarse_oversample})
 
 
 def candidates(kind: str, coarse: bool) -> str:
