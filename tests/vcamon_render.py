@@ -49,7 +49,8 @@ AGENTS_TASK = """
 PROMETHEUS_TASKS = """
 - when: inventory_hostname == prometheus_host
   block:
-    - {vca_exposure: {}, register: prometheus_exposure}
+    - {vca_exposure: {}, register: prometheus_exposure, when: vcamon_exposure is not defined}
+    - {ansible.builtin.set_fact: {prometheus_exposure: "{{ vcamon_exposure }}"}, when: vcamon_exposure is defined}
     - ansible.builtin.template: {src: prometheus.yml.j2, dest: "%(out)s/{{ inventory_hostname }}/prometheus.yml",
                                  mode: "0644"}
 """

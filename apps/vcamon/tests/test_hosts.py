@@ -32,7 +32,8 @@ def vcactl_line(node, state):
 ANSWERS = {
     "/vca-host": "# TYPE vcamon_vca_node_state gauge\n" + vcactl_line(0, "net_device_ready")
                  + "# TYPE vcamon_platform_info gauge\nvcamon_platform_info{platform=\"lab\"} 1\n",
-    "/vcb-host": "# TYPE vcamon_vca_node_state gauge\n" + vcactl_line(0, "link_down") + vcactl_line(1, "net_device_ready"),
+    "/vcb-host": "# TYPE vcamon_vca_node_state gauge\n" + vcactl_line(0, "link_down")
+                 + vcactl_line(1, "net_device_ready"),
     "/node": "# TYPE vcamon_temperature_celsius gauge\nvcamon_temperature_celsius{sensor=\"Package id 0\"} 50.0\n",
 }
 
