@@ -10,6 +10,7 @@ names nothing and runs as it always has. Each node belongs to its own host
 docs/SETUP.md has the table for owners.
 """
 
+import ipaddress
 from collections.abc import Mapping
 
 from ansible.errors import AnsibleLookupError
@@ -25,14 +26,18 @@ description:
     C(vca_host_name), which a one-host fleet may leave unset).
   - The term C(nodes) with C(of=HOST) answers the nodes (group vca_nodes) that sit in VCA host HOST,
     as a list (use query()).
+  - The term C(lan_address) with C(of=HOST) answers VCA host HOST's address on the LAN as the inventory
+    gives it, for a service that binds there (its C(vca_lan_address), else its C(ansible_host) when that
+    is an IPv4 address). A host with neither fails, naming the variable to set, and so does a wildcard or a
+    loopback address.
   - Bad input (an unknown role, a role given to a machine that is not a VCA host) fails with the
     reason. docs/SETUP.md has the table.
 options:
   _terms:
-    description: fleet roles, node_host, or nodes
+    description: fleet roles, node_host, nodes, or lan_address
     required: true
   of:
-    description: the VCA host whose nodes the term C(nodes) answers
+    description: the VCA host whose nodes (term C(nodes)) or LAN address (term C(lan_address)) is asked
     type: str
 """
 
@@ -40,6 +45,7 @@ EXAMPLES = r"""
 farm_host: "{{ lookup('fleet_host', 'farm') }}"
 proxy: "{{ hostvars[lookup('fleet_host', 'node_host')].ansible_host }}"
 my_nodes: "{{ query('fleet_host', 'nodes', of=inventory_hostname) }}"
+agent_address: "{{ lookup('fleet_host', 'lan_address', of='vcb-host') }}"
 """
 
 RETURN = r"""
@@ -61,6 +67,7 @@ FLEET_ROLES = {
 }
 NODE_HOST = "node_host"   # not a fleet role: the asking node's own VCA host
 NODES = "nodes"           # not a fleet role: the nodes of one VCA host
+LAN_ADDRESS = "lan_address"   # not a fleet role: one VCA host's address on the LAN
 
 
 class FleetError(ValueError):
@@ -122,6 +129,31 @@ def nodes_of(host: str, groups: Mapping, host_names: Mapping) -> list:
     return [n for n in groups.get("vca_nodes") or [] if node_host(n, groups, host_names.get(n)) == host]
 
 
+def ipv4_address(text):
+    """The IPv4 address text spells, or None (a name, another kind of address, or nothing)."""
+    try:
+        return ipaddress.IPv4Address(str(text))
+    except ValueError:
+        return None
+
+
+def lan_address(host: str, groups: Mapping, vca_lan_address=None, ansible_host=None) -> str:
+    """A VCA host's address on the LAN, for a service that binds there (never every address): its
+    vca_lan_address, else its ansible_host when that is an IPv4 address (a name may resolve elsewhere)."""
+    if host not in vca_hosts(groups):
+        raise FleetError("%r is not a VCA host (group vca_host: %s)" % (host, ", ".join(vca_hosts(groups))))
+    for var, value in (("vca_lan_address", vca_lan_address), ("ansible_host", ansible_host)):
+        address = ipv4_address(value) if value else None
+        if address is not None and (address.is_unspecified or address.is_loopback):
+            raise FleetError("%s: %s is %s, which is no address on the LAN: set vca_lan_address to the host's "
+                             "own LAN address" % (host, var, value))
+        if var == "vca_lan_address" and value and address is None:
+            raise FleetError("%s: vca_lan_address is %r, not an IPv4 address" % (host, value))
+        if address is not None:
+            return str(address)
+    raise FleetError("%s has no address on the LAN to bind to: set vca_lan_address (an IPv4 address) on it "
+                     "(its ansible_host %r is not an IPv4 address)" % (host, ansible_host))
+
 
 class LookupModule(LookupBase):
     def run(self, terms, variables=None, **kwargs):
@@ -138,6 +170,14 @@ class LookupModule(LookupBase):
                     names = {n: hostvars[n].get("vca_host_name") if n in hostvars else None
                              for n in groups.get("vca_nodes") or []}
                     answers.extend(nodes_of(kwargs["of"], groups, names))
+                elif term == LAN_ADDRESS:
+                    if not kwargs.get("of"):
+                        raise FleetError("the term lan_address needs of=<a VCA host>")
+                    host = kwargs["of"]
+                    hostvars = variables.get("hostvars") or {}
+                    found = hostvars[host] if host in hostvars else {}
+                    answers.append(lan_address(host, groups, self._templar.template(found.get("vca_lan_address")),
+                                               self._templar.template(found.get("ansible_host"))))
                 elif term == NODE_HOST:
                     host_name = self._templar.template(variables.get("vca_host_name"))
                     answers.append(node_host(variables.get("inventory_hostname"), groups, host_name))

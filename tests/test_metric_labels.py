@@ -1,7 +1,8 @@
 """No exporter's metric carries a label the Prometheus role's scrape sets on its targets (job, instance,
-and the static labels of templates/prometheus.yml.j2): Prometheus would rename the exporter's
-`exported_<name>`, and a query on the name would find nothing (issue 46: `node` was both). Read from
-the real exposition of vcamon's agent and the farm's API; smem's label lists from its source."""
+and the static labels of templates/prometheus.yml.j2, vca_host among them with several VCA hosts):
+Prometheus would rename the exporter's `exported_<name>`, and a query on the name would find nothing
+(issue 46: `node` was both). Read from the real exposition of vcamon's agent and the farm's API; smem's
+label lists from its source."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from farm.config import load  # noqa: E402
 from vcamon.agent import Sensors, exposition  # noqa: E402
 
 
-def target_labels() -> set[str]:
+def target_labels(hosts=("vca-host", "vcb-host")) -> set[str]:
+    """Every label the scrape sets; by default for two VCA hosts (which adds vca_host to each target)."""
     env = jinja2.Environment(undefined=jinja2.StrictUndefined)
     env.filters["to_json"] = json.dumps
     env.filters["bool"] = bool
@@ -34,7 +36,8 @@ def target_labels() -> set[str]:
         prometheus_rules_dir="/r", prometheus_alertmanager_targets=[], prometheus_url_host="127.0.0.1",
         prometheus_port=9090, inventory_hostname="vca-host", prometheus_alertmanager_install=True,
         prometheus_alertmanager_local="127.0.0.1:9093", prometheus_targets=[target],
-        prometheus_credentials_dir="/c", groups={"vca_host": ["vca-host"]})
+        prometheus_credentials_dir="/c", groups={"vca_host": list(hosts)},
+        hostvars={"vca-node0": {"vca_host_name": "vca-host"}})
     labels = {"job", "instance"}
     for job in yaml.safe_load(text)["scrape_configs"]:
         for static in job["static_configs"]:
@@ -48,7 +51,8 @@ def exposition_labels(text: str) -> set[str]:
 
 
 def test_the_scrape_sets_machine_and_role_not_node():
-    assert target_labels() == {"job", "instance", "machine", "role"}
+    assert target_labels(["vca-host"]) == {"job", "instance", "machine", "role"}
+    assert target_labels() == {"job", "instance", "machine", "role", "vca_host"}   # several VCA hosts
 
 
 def test_vcamons_agent_has_no_target_label(tmp_path, monkeypatch):

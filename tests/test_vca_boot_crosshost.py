@@ -37,6 +37,8 @@ ROWS = [
     {"machine": "vca-host", "address": "172.31.1.254", "proto": "tcp", "port": 5672,
      "clients": ["vca-node0", "vcb-node0"]},
     {"machine": "vca-node0", "address": "*", "proto": "tcp", "port": 7000, "clients": ["vcb-node0"]},
+    # vcamon's agent on vcb-host, at its LAN address, for the monitor host only (roles/vcamon)
+    {"machine": "vcb-host", "address": LAN["vcb-host"], "proto": "tcp", "port": 9478, "clients": ["vca-host"]},
 ]
 RENDER = """
 - hosts: vca_host
@@ -213,6 +215,18 @@ def test_undeclared_flows_and_the_lan_do_not_connect(fleet):
         assert not net.connects("pc", target, port)                      # the LAN reaches no node, no link end
     assert wait_for(tmp / "agent.log", 1) == ["172.30.1.254"]             # only the control got through
     assert not (tmp / "node.log").exists() and not (tmp / "worker.log").exists()
+
+
+def test_a_hosts_socket_declared_for_another_host_takes_that_host_only(fleet):
+    """vcamon's agent on vcb-host's LAN address: the monitor host (vca-host) connects, the LAN does not."""
+    net, _, tmp = fleet
+    net.serve("vcb-host", LAN["vcb-host"], 9478, tmp / "host-agent.log")
+    net.serve("vcb-host", LAN["vcb-host"], 9479, tmp / "other.log")
+    time.sleep(0.5)
+    assert net.connects("vca-host", LAN["vcb-host"], 9478, timeout=5)
+    assert not net.connects("pc", LAN["vcb-host"], 9478)
+    assert net.connects("pc", LAN["vcb-host"], 9479, timeout=5)         # not the fleet's socket: not its call
+    assert wait_for(tmp / "host-agent.log", 1) == [LAN["vca-host"]]
 
 
 def test_a_nodes_traffic_to_the_lan_is_still_natted(fleet):

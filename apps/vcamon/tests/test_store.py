@@ -87,7 +87,7 @@ def test_cap_changes_are_events_and_status_shows_the_cap_in_force(store):
 
 def test_vcactl_states_land_on_the_named_nodes(store):
     store.record_round(T0, [up("host", vca_states={3: "link_down", 0: "net_device_ready"})],
-                       vca_nodes={0: "vca-node0", 3: "vca-node3"})
+                       vca_nodes={"host": {0: "vca-node0", 3: "vca-node3"}})
     states = {r["node"]: r["vca_state"] for r in store.status(T0)}
     assert states == {"host": None, "vca-node0": "net_device_ready", "vca-node3": "link_down"}
 

@@ -37,20 +37,31 @@ def _num(value, fmt):
     return "-" if value is None else fmt % value
 
 
-def status_table(rows, now):
-    head = ("node", "agent", "platform", "since", "vcactl", "hottest C", "package W", "PL1/PL2 W", "throttle 24h",
-            "last seen")
+def status_table(rows, now, hosts=()):
+    """`vcamon status`: one row per node now. With several VCA hosts (rows labelled by fleet.label_nodes,
+    hosts from fleet.host_states) each row names its host, and a host that does not answer is said
+    below the table, its unreachable nodes unknown rather than down."""
+    hosted = any("vca_host" in r for r in rows)
+    head = (("host",) if hosted else ()) + (
+        "node", "agent", "platform", "since", "vcactl", "hottest C", "package W", "PL1/PL2 W", "throttle 24h",
+        "last seen")
     lines = [head]
     for r in rows:
-        agent = "AUTH-FAIL" if r.get("auth_failed") else {True: "up", False: "DOWN", None: "-"}[r["up"]]
+        agent = ("unknown" if r.get("unknown") else "AUTH-FAIL" if r.get("auth_failed")
+                 else {True: "up", False: "DOWN", None: "-"}[r["up"]])
         seen = "%d s ago" % (now - r["last_seen"]) if r["last_seen"] else "never"
-        lines.append((r["node"], agent, r.get("platform") or "-", _when(r["since"]), r["vca_state"] or "-",
-                      _num(r["hottest_c"], "%.1f"), _num(r["power_w"], "%.1f"),
-                      "%s/%s" % (_num(r["pl1_w"], "%g"), _num(r["pl2_w"], "%g")), str(r["throttle_24h"]), seen))
+        lines.append(((r.get("vca_host") or "-",) if hosted else ()) + (
+            r["node"], agent, r.get("platform") or "-", _when(r["since"]), r["vca_state"] or "-",
+            _num(r["hottest_c"], "%.1f"), _num(r["power_w"], "%.1f"),
+            "%s/%s" % (_num(r["pl1_w"], "%g"), _num(r["pl2_w"], "%g")), str(r["throttle_24h"]), seen))
     widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
     out = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in lines]
     seen_platforms = {r.get("platform") for r in rows}
-    notes = [note for platform, note in PLATFORM_NOTES.items() if platform in seen_platforms]
+    notes = ["%s %s: its agent does not answer (%s)%s" % (
+        h["host"], h["state"].upper(), h["error"] or "no answer",
+        "; its nodes' state is unknown: " + ", ".join(h["unknown"]) if h["unknown"] else "")
+        for h in hosts if h["state"] in ("down", "agent down")]
+    notes += [note for platform, note in PLATFORM_NOTES.items() if platform in seen_platforms]
     notes += ["AUTH-FAIL %s: %s" % (r["node"], r["error"]) for r in rows if r.get("auth_failed")]
     out += ["", *notes] if notes else []
     return "\n".join(out)
@@ -139,7 +150,10 @@ def main(argv=None):
         except (OSError, ValueError) as exc:
             sys.exit("vcamon collector: %s" % exc)
     elif args.command == "status":
-        print(status_table(open_store(args.db).status(now), now))
+        store = open_store(args.db)
+        dead, hosts = fleet.dead_nodes(store), fleet.vca_hosts(store)
+        rows = store.status(now)
+        print(status_table(fleet.label_nodes(rows, hosts, dead), now, fleet.host_states(rows, hosts, dead)))
     elif args.command == "fleet":
         store = open_store(args.db)
         if args.newer_than is not None and not fleet.wait_for_round(store, args.newer_than, args.wait):

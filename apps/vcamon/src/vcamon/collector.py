@@ -26,7 +26,10 @@ LOG = logging.getLogger("vcamon.collector")
 
 
 def load_targets(path):
-    """targets.json: [{"node": "vca-node0", "url": "http://...:9478/metrics", "vca_node": 0, "token_file": ...}]."""
+    """targets.json: [{"node": "vca-node0", "url": "http://...:9478/metrics", "vca_node": 0, "token_file": ...}].
+
+    With several VCA hosts every target names its host ("vca_host"): a node its own, a host's agent (the
+    one target of that host without "vca_node") itself."""
     with open(path) as fh:
         targets = json.load(fh)
     problems = []
@@ -39,11 +42,63 @@ def load_targets(path):
             problems.append("%s: target %d: 'token_file' must be a path" % (path, i))
         elif not isinstance(t.get("dead", False), bool):
             problems.append("%s: target %d: 'dead' must be true or false" % (path, i))
+        elif "vca_host" in t and not (isinstance(t["vca_host"], str) and t["vca_host"]):
+            problems.append("%s: target %d: 'vca_host' must be a host's name" % (path, i))
     names = [t.get("node") for t in targets if isinstance(t, dict)]
     problems += ["%s: node %s listed twice" % (path, n) for n in sorted({n for n in names if names.count(n) > 1})]
+    if not problems:
+        problems += host_problems(path, targets)
     if problems:
         raise ValueError("; ".join(problems))
     return targets
+
+
+def host_problems(path, targets):
+    """What is wrong with the targets' VCA hosts: all or none name one, one agent per host, a vcactl
+    node number once per host (each host numbers its own nodes from 0)."""
+    named = [t for t in targets if "vca_host" in t]
+    if not named:
+        return []
+    if len(named) != len(targets):
+        return ["%s: targets %s name no vca_host, the others do: with several VCA hosts every target names its "
+                "host" % (path, ", ".join(t["node"] for t in targets if "vca_host" not in t))]
+    problems = []
+    agents, numbers = {}, {}
+    for t in targets:
+        if t.get("vca_node") is None:
+            agents.setdefault(t["vca_host"], []).append(t["node"])
+        else:
+            numbers.setdefault((t["vca_host"], t["vca_node"]), []).append(t["node"])
+    problems += ["%s: VCA host %s has %d agents (%s); a host has one" % (path, h, len(a), ", ".join(a))
+                 for h, a in sorted(agents.items()) if len(a) > 1]
+    problems += ["%s: VCA host %s has no agent target (a target of that host without vca_node)" % (path, h)
+                 for h in sorted({t["vca_host"] for t in targets} - set(agents))]
+    problems += ["%s: vca_node %s of host %s is given to %s" % (path, n, h, " and ".join(nodes))
+                 for (h, n), nodes in sorted(numbers.items(), key=str) if len(nodes) > 1]
+    return problems
+
+
+def vca_hosts(targets):
+    """{VCA host: {"agent": its own agent's target, "nodes": [its nodes' targets]}}, {} without vca_host."""
+    hosts = {}
+    for t in targets:
+        if t.get("vca_host"):
+            host = hosts.setdefault(t["vca_host"], {"agent": None, "nodes": []})
+            if t.get("vca_node") is None:
+                host["agent"] = t["node"]
+            else:
+                host["nodes"].append(t["node"])
+    return hosts
+
+
+def vca_node_names(targets):
+    """{agent target: {vcactl node number: inventory node}}: a target without vca_node (a host's agent)
+    reports its own host's nodes' vcactl lines; with one host (no vca_host) every number is that host's."""
+    numbered = {}
+    for t in targets:
+        if t.get("vca_node") is not None:
+            numbered.setdefault(t.get("vca_host"), {})[t["vca_node"]] = t["node"]
+    return {t["node"]: numbered.get(t.get("vca_host"), {}) for t in targets if t.get("vca_node") is None}
 
 
 def parse(node, text, url=""):
@@ -115,8 +170,9 @@ class Collector:
         self.interval = float(interval)
         self.timeout = timeout or max(1.0, min(10.0, self.interval * 0.8))
         self.upkeep_every = upkeep_every
-        self.vca_nodes = {t["vca_node"]: t["node"] for t in targets if t.get("vca_node") is not None}
+        self.vca_nodes = vca_node_names(targets)
         self.dead = sorted(t["node"] for t in targets if t.get("dead"))
+        self.hosts = vca_hosts(targets)
         self.tokens = {t["node"]: target_token(t) for t in targets}
         for node, (_, error) in sorted(self.tokens.items()):
             if error:
@@ -133,6 +189,8 @@ class Collector:
         self.store.set_meta("units", json.dumps({r.node: r.units for r in results if r.ok and r.units}))
         # the inventory's dead nodes: still scraped (recorded down), shown dead rather than as a problem
         self.store.set_meta("dead", json.dumps(self.dead))
+        # several VCA hosts: which agent is each host's own and which nodes are its (none with one host)
+        self.store.set_meta("hosts", json.dumps(self.hosts))
         if self.fleet_config is not None:
             # the agents' pool: a slow service delays no other, and no second pool is kept
             scraped = fleet.scrape_services(self.fleet_config, self.timeout, now, self.pool.map)

@@ -5,7 +5,8 @@
   the credential its service keeps.
 - The numbers that matter: the newest GEMM, DMA and capacity records under records_dir (the bench
   playbooks publish each run there), every figure with its run's date and its own ``platform`` label.
-- What is open: nodes down (not the inventory's dead ones: what runs shows those dead), throttle events in
+- What is open: a VCA host down (several hosts: by its name, its unreachable nodes named in it, not each
+  open), nodes down (not the inventory's dead ones: what runs shows those dead), throttle events in
   the last 24 h, services down, smem's failed documents, dead workers and stuck queue, the farm's failed
   and stuck jobs, LLM workers down, drained or leased.
 
@@ -214,12 +215,73 @@ def _haproxy_open(s):
 OPEN_BY_JOB = {"smem": _smem_open, "farm": _farm_open, "haproxy": _haproxy_open}
 
 
-def open_items(nodes, services, units=None, dead=()):
+def host_states(nodes, hosts, dead=()):
+    """Each VCA host as the page shows it (several hosts only; [] without): [{host, agent, up, state,
+    error, nodes, unknown}]. A host whose agent does not answer (not an authentication failure: that
+    agent was reached) is "down" when none of its live nodes answers either (they are reached through
+    it), else only its agent is ("agent down"). Its nodes that do not answer are then unknown, not down
+    each: one fault, said once, where the operator can act on it."""
+    by_node = {n["node"]: n for n in nodes}
+    out = []
+    for host, parts in sorted(hosts.items()):
+        agent = by_node.get(parts.get("agent")) or {"up": None, "error": None, "auth_failed": False}
+        live = [by_node[n] for n in parts.get("nodes", []) if n in by_node and n not in dead]
+        unreachable = agent["up"] is False and not agent.get("auth_failed")
+        unknown = sorted(n["node"] for n in live if unreachable and n["up"] is False and not n.get("auth_failed"))
+        state = ("up" if agent["up"] else "never seen" if agent["up"] is None
+                 else "down" if unreachable and len(unknown) == len(live) else "agent down")
+        out.append({"host": host, "agent": parts.get("agent"), "up": bool(agent["up"]), "state": state,
+                    "error": agent["error"], "nodes": list(parts.get("nodes", [])), "unknown": unknown})
+    return out
+
+
+def machines_of(hosts):
+    """{agent target or machine: its VCA host}: each host's agent and nodes, and the host by its own name
+    (the name a service's row gives it)."""
+    out = {host: host for host in hosts}
+    out.update({name: host for host, parts in hosts.items() for name in [parts.get("agent"), *parts.get("nodes", [])]
+                if name})
+    return out
+
+
+def label_nodes(nodes, hosts, dead=()):
+    """The status rows, each with its VCA host and, when that host is down, unknown (its agent's vcactl
+    line with it): grouped by host, the host's own agent first; unchanged without several hosts."""
+    if not hosts:
+        return nodes
+    states = {h["host"]: h for h in host_states(nodes, hosts, dead)}
+    host_of = machines_of(hosts)
+    order = {host: i for i, host in enumerate(sorted(hosts))}
+    out = []
+    for n in nodes:
+        host = host_of.get(n["node"])
+        row = dict(n, vca_host=host, host_agent=bool(host) and hosts[host].get("agent") == n["node"])
+        if host and n["node"] in states[host]["unknown"]:
+            row.update(unknown=True, vca_state=None,
+                       error="unknown: its host %s does not answer (%s)" % (host, states[host]["error"]))
+        out.append(row)
+    return sorted(out, key=lambda r: (order.get(r["vca_host"], len(order)), not r["host_agent"], r["node"]))
+
+
+def open_items(nodes, services, units=None, dead=(), hosts=None):
     """What needs an owner's look, most serious first: [{what, where, detail}]. A node the inventory
-    calls dead is known to be down: no open problem."""
-    items = [{"what": "node down", "where": n["node"],
-              "detail": "vcactl: %s; agent: %s" % (n["vca_state"] or "-", n["error"] or "up")}
-             for n in nodes if (n["vca_state"] == "link_down" or n["up"] is False) and n["node"] not in dead]
+    calls dead is known to be down: no open problem. With several VCA hosts (hosts: {host: {agent,
+    nodes}}) a host whose agent does not answer is one item, by its name, and its nodes that do not
+    answer either are named in it, not each an item of their own."""
+    items, quiet = [], set()
+    for h in host_states(nodes, hosts or {}, dead):
+        quiet.add(h["agent"])
+        quiet.update(h["unknown"])
+        if h["state"] in ("down", "agent down"):
+            detail = "agent: %s" % (h["error"] or "no answer")
+            if h["unknown"]:
+                detail += "; its nodes unknown: %s" % ", ".join(h["unknown"])
+            items.append({"what": "host down" if h["state"] == "down" else "host agent down", "where": h["host"],
+                          "detail": detail})
+    items += [{"what": "node down", "where": n["node"],
+               "detail": "vcactl: %s; agent: %s" % (n["vca_state"] or "-", n["error"] or "up")}
+              for n in nodes if (n["vca_state"] == "link_down" or n["up"] is False) and n["node"] not in dead
+              and n["node"] not in quiet]
     items += [{"what": "service not active", "where": "%s on %s" % (unit, node), "detail": state}
               for node, states in sorted((units or {}).items()) for unit, state in sorted(states.items())
               if state != "active"]
@@ -235,6 +297,11 @@ def open_items(nodes, services, units=None, dead=()):
 def dead_nodes(store):
     """The nodes the inventory calls dead (targets.json's "dead"), as the collector last recorded them."""
     return set(json.loads(store.meta("dead") or "[]"))
+
+
+def vca_hosts(store):
+    """{VCA host: {agent, nodes}} as the collector last recorded them; {} with one host."""
+    return json.loads(store.meta("hosts") or "{}")
 
 
 def _meta_json(store, key):
@@ -256,22 +323,29 @@ def wait_for_round(store, since, timeout, poll=0.25):
 def view(store, now=None):
     """The three sections, as /api/fleet serves them and `vcamon fleet` prints them."""
     now = int(now or time.time())
-    nodes = store.status(now)
     dead = dead_nodes(store)
+    hosts = vca_hosts(store)
+    raw = store.status(now)
+    nodes = label_nodes(raw, hosts, dead)
     scraped = _meta_json(store, "fleet")
     services = scraped.get("services", [])
-    runs = [{"service": "vcamon agent", "node": n["node"], "up": bool(n["up"]) and n["node"] not in dead,
-             "dead": n["node"] in dead, "error": "dead (the inventory's dead group)" if n["node"] in dead
-             else n["error"]} for n in nodes]
+    runs = [dict({"service": "vcamon agent", "node": n["node"], "up": bool(n["up"]) and n["node"] not in dead,
+                  "dead": n["node"] in dead, "unknown": bool(n.get("unknown")),
+                  "error": "dead (the inventory's dead group)" if n["node"] in dead else n["error"]},
+                 **({"vca_host": n.get("vca_host")} if hosts else {})) for n in nodes]
     units = _meta_json(store, "units")
     runs += [{"service": unit.removesuffix(".service"), "node": node, "up": state == "active",
               "error": None if state == "active" else state}
              for node in sorted(units) for unit, state in sorted(units[node].items())]
     runs += [{"service": "%s metrics :%s" % (s["job"], urlparse(s["url"]).port), "node": s["node"], "up": s["up"],
               "error": s["error"]} for s in services]
+    if hosts:
+        where = machines_of(hosts)
+        runs = [dict(r, vca_host=r.get("vca_host") or where.get(r["node"])) for r in runs]
     agents_at = store.last_round()
     return {"now": now, "scraped_at": scraped.get("at"), "agents_at": agents_at, "runs": runs,
-            "numbers": latest_records(scraped.get("records_dir")), "open": open_items(nodes, services, units, dead)}
+            "hosts": host_states(raw, hosts, dead), "numbers": latest_records(scraped.get("records_dir")),
+            "open": open_items(raw, services, units, dead, hosts)}
 
 
 def _day(ts):
@@ -281,10 +355,17 @@ def _day(ts):
 def text(view):
     """`vcamon fleet`: the page's three sections as text."""
     lines = ["what runs (agents scraped %s, services %s):" % (_day(view.get("agents_at")), _day(view["scraped_at"]))]
+    if view.get("hosts"):
+        lines[0:0] = ["hosts: " + ", ".join("%s %s" % (h["host"], "up" if h["state"] == "up" else h["state"].upper())
+                                            for h in view["hosts"])]
     width = max([len(r["service"]) for r in view["runs"]] + [7])
+    hosted = any("vca_host" in r for r in view["runs"])
+    host_width = max([len(r.get("vca_host") or "") for r in view["runs"]] + [4])
     for r in view["runs"]:
-        state = "up" if r["up"] else "dead" if r.get("dead") else "DOWN (%s)" % (r["error"] or "no answer")
-        lines.append("  %-*s  %-10s  %s" % (width, r["service"], r["node"], state))
+        state = ("up" if r["up"] else "dead" if r.get("dead") else "unknown (its host does not answer)"
+                 if r.get("unknown") else "DOWN (%s)" % (r["error"] or "no answer"))
+        host = "%-*s  " % (host_width, r.get("vca_host") or "-") if hosted else ""
+        lines.append("  %-*s  %s%-10s  %s" % (width, r["service"], host, r["node"], state))
     lines.append("numbers that matter (the newest bench records):")
     if not view["numbers"]:
         lines.append("  no bench record yet (ansible-playbook playbooks/bench/gemm.yml, dma.yml, capacity.yml)")

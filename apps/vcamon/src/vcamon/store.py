@@ -217,7 +217,8 @@ class Store:
         return self._series[key]
 
     def record_round(self, ts, scrapes, vca_nodes=None):
-        """Store one scrape round atomically. vca_nodes maps a vcactl node index to an inventory name."""
+        """Store one scrape round atomically. vca_nodes maps the agent that reports vcactl lines (a VCA
+        host's) to {vcactl node index: inventory name}: each host numbers its own nodes from 0."""
         ts = int(ts)
         db = self.db
         db.execute("BEGIN IMMEDIATE")
@@ -225,9 +226,10 @@ class Store:
             for s in scrapes:
                 self._record_node(ts, s)
             for s in scrapes:
+                names = (vca_nodes or {}).get(s.node, {})
                 for index, state in s.vca_states.items():
-                    if vca_nodes and index in vca_nodes:
-                        self._record_vca_state(ts, vca_nodes[index], state)
+                    if index in names:
+                        self._record_vca_state(ts, names[index], state)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")

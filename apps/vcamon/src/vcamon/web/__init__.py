@@ -116,9 +116,11 @@ def make_handler(db_path, token=None, static_root=STATIC):
                 elif url.path.startswith("/static/"):
                     self._static(url.path[len("/static/"):])
                 elif url.path == "/api/nodes":
-                    dead = fleet.dead_nodes(store())
-                    nodes = [dict(n, dead=n["node"] in dead) for n in store().status()]
-                    self._json({"now": int(time.time()), "round_at": store().last_round(), "nodes": nodes})
+                    dead, hosts = fleet.dead_nodes(store()), fleet.vca_hosts(store())
+                    rows = store().status()
+                    nodes = [dict(n, dead=n["node"] in dead) for n in fleet.label_nodes(rows, hosts, dead)]
+                    self._json({"now": int(time.time()), "round_at": store().last_round(), "nodes": nodes,
+                                "hosts": fleet.host_states(rows, hosts, dead)})
                 elif url.path == "/api/fleet":
                     self._json(fleet.view(store()))
                 elif url.path == "/api/chart":

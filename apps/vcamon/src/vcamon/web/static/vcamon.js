@@ -52,15 +52,30 @@ function age(section, seconds, what) {
 
 function agentCell(n) {
   if (n.dead) return `<td class="dead" title="the inventory's dead group">dead</td>`;
+  if (n.unknown) return `<td class="unknown" title="${attr(n.error)}">unknown</td>`;
   return `<td class="${n.up ? "" : "down"}"${n.auth_failed ? ` title="${attr(n.error)}"` : ""}>${n.up ? "up" : n.auth_failed ? "auth failed" : "down"}</td>`;
 }
 
-function statusTable(nodes, now) {
-  const rows = nodes.map(n => `<tr><td>${n.node}</td>
+// With several VCA hosts, a row per host above its own agent and nodes: the host's state by its name
+// (down: neither its agent nor any of its nodes answers; its nodes are then unknown, not down each).
+const HOST_STATE = {up: "up", down: "down", "agent down": "its agent is down", "never seen": "never seen"};
+
+function hostRow(h) {
+  const bad = h.state !== "up";
+  const why = bad ? ` title="agent: ${attr(h.error || "no answer")}${h.unknown.length ? "; its nodes unknown: " + attr(h.unknown.join(", ")) : ""}"` : "";
+  return `<tr class="vca-host" data-host="${attr(h.host)}" data-state="${attr(h.state)}"><th colspan="9">${attr(h.host)}
+    <span class="${bad ? "down" : ""}"${why}>${HOST_STATE[h.state] || attr(h.state)}</span></th></tr>`;
+}
+
+function statusTable(nodes, now, hosts) {
+  const row = n => `<tr><td>${n.node}</td>
     ${agentCell(n)}<td>${n.platform ? badge(n.platform) : "–"}</td>
     <td>${n.vca_state || "–"}</td>
     <td>${fmt(n.hottest_c, 1)}</td><td>${fmt(n.power_w, 1)}</td><td>${fmt(n.pl1_w, 0)}/${fmt(n.pl2_w, 0)}</td>
-    <td>${n.throttle_24h}</td><td>${n.last_seen ? (now - n.last_seen) + " s ago" : "never"}</td></tr>`);
+    <td>${n.throttle_24h}</td><td>${n.last_seen ? (now - n.last_seen) + " s ago" : "never"}</td></tr>`;
+  const rows = !(hosts && hosts.length) ? nodes.map(row) :
+    hosts.map(h => hostRow(h) + nodes.filter(n => n.vca_host === h.host).map(row).join(""))
+      .concat(nodes.filter(n => !n.vca_host).map(row));
   document.getElementById("status").innerHTML =
     "<tr><th>node</th><th>agent</th><th>platform</th><th>vcactl</th><th>hottest °C</th><th>package W</th><th>PL1/PL2 W</th>" +
     "<th>throttle 24 h</th><th>last seen</th></tr>" + rows.join("");
@@ -75,9 +90,12 @@ function fleetSections(f) {
   age("open", oldest, "as of");
   const newest = f.numbers.length ? f.now - Math.max(...f.numbers.map(r => r.at || 0)) : null;
   age("numbers", newest, "newest record");
-  document.querySelector("#runs table").innerHTML = "<tr><th>service</th><th>node</th><th>state</th></tr>" +
+  const hosted = f.runs.some(r => r.vca_host);
+  const state = r => r.dead ? "dead" : r.up ? "up" : r.unknown ? "unknown" : "down";
+  document.querySelector("#runs table").innerHTML =
+    `<tr><th>service</th>${hosted ? "<th>host</th>" : ""}<th>node</th><th>state</th></tr>` +
     f.runs.map(r => `<tr data-service="${attr(r.service)}" data-node="${attr(r.node)}"><td>${attr(r.service)}</td>
-      <td>${attr(r.node)}</td><td class="${r.dead ? "dead" : r.up ? "" : "down"}" title="${attr(r.error || "")}">${r.dead ? "dead" : r.up ? "up" : "down"}</td></tr>`).join("");
+      ${hosted ? `<td>${attr(r.vca_host || "–")}</td>` : ""}<td>${attr(r.node)}</td><td class="${r.dead ? "dead" : r.up ? "" : r.unknown ? "unknown" : "down"}" title="${attr(r.error || "")}">${state(r)}</td></tr>`).join("");
   document.querySelector("#numbers div").innerHTML = f.numbers.length === 0 ?
     `<p class="empty">no bench record yet: playbooks/bench/gemm.yml, dma.yml, capacity.yml</p>` :
     f.numbers.map(run => `<table data-kind="${run.kind}"><tr><th colspan="3">${run.kind}, ${when(run.at)}
@@ -128,10 +146,10 @@ function chart(el, title, unit, t, series, events) {
   return new uPlot(opts, [t].concat(series.map(s => s.data)), el);
 }
 
-async function nodeCharts(main, node, span) {
+async function nodeCharts(main, node, span, host) {
   const box = document.createElement("section");
   box.className = "node";
-  box.innerHTML = `<h2>${node}</h2>`;
+  box.innerHTML = `<h2>${node}${host ? ` <span class="on-host">on ${attr(host)}</span>` : ""}</h2>`;
   main.appendChild(box);
   const params = new URLSearchParams({ node });
   if (span.from) { params.set("from", span.from); params.set("to", span.to); } else { params.set("range", span.range); }
@@ -165,14 +183,14 @@ async function load(span) {
   const fleet = await getJSON("/api/fleet");
   const status = await getJSON("/api/nodes");
   fleetSections(fleet);
-  statusTable(status.nodes, status.now);
+  statusTable(status.nodes, status.now, status.hosts);
   age("status", status.round_at ? status.now - status.round_at : null, "scraped");
   if (!span.from || refreshes === 0) {
     const charts = document.createElement("main");
     charts.id = "charts";
     let points = 0;
     document.getElementById("charts").replaceWith(charts);
-    for (const n of status.nodes) points += await nodeCharts(charts, n.node, span);
+    for (const n of status.nodes) points += await nodeCharts(charts, n.node, span, n.vca_host);
     document.body.dataset.points = points;
   }
   lastGood = Date.now();
