@@ -107,7 +107,7 @@ for g in $groups; do
             continue
         fi
         step llama-server llama_server_env
-        step pytest pytest -q tests
+        step pytest pytest -q -m "not netns" tests
         step vcamon-tests pytest -q apps/vcamon/tests
         step smem-tests pytest -q apps/smem/tests
         step farm-tests pytest -q -n 2 apps/farm/tests    # two at a time: they mostly wait (heartbeats, stalls)
@@ -133,6 +133,7 @@ for g in $groups; do
     image)
         step image scripts/image-test.sh
         step dma-kernel scripts/dma-kernel-test.sh    # vca_dma in Debian's kernel under QEMU, ~50 s
+        step netns-firewall pytest -q -m netns tests  # two hosts' rules in network namespaces (root, caps)
         ;;
     fresh)
         STEP_WHY=no step fresh-machine scripts/fresh-check.sh    # its failed steps say why, below
