@@ -12,7 +12,6 @@ the capabilities nor a writable /proc/sys.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -63,10 +62,8 @@ RENDER = """
 """
 
 
-def render(tmp_path: Path) -> Path:
-    out = tmp_path / "rendered"
-    out.mkdir()
-    inventory = {"all": {
+def two_hosts() -> dict:
+    return {"all": {
         "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
                  "vca_boot_uplink_interface": "lan0", "vca_boot_exposure": {"sockets": ROWS}},
         "children": {
@@ -75,6 +72,12 @@ def render(tmp_path: Path) -> Path:
                                                 "vca_node_subnet": "172.30.0.0/16"}}},
             "vca_nodes": {"hosts": {n: {"vca_host_name": h, "vca_node": 0, "vca_card": 0, "vca_cpu": 0,
                                         "vca_node_ip": ip} for n, (h, ip) in NODE.items()}}}}}
+
+
+def render(tmp_path: Path, inventory: dict) -> Path:
+    """vca_boot's firewall and routes unit, rendered by ansible-playbook for each VCA host of inventory."""
+    out = tmp_path / "rendered"
+    out.mkdir()
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
     (tmp_path / "render.yml").write_text(RENDER % {"root": ROOT, "out": out})
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_STRATEGY="linear")
@@ -145,7 +148,7 @@ class Net:
 def fleet(tmp_path):
     if not shutil.which("nft"):
         pytest.fail("nft is missing: scripts/host-packages.txt lists nftables for the unit tests")
-    out = render(tmp_path)
+    out = render(tmp_path, two_hosts())
     net = Net()
     try:
         for machine in ("lan", "vca-host", "vcb-host", "vca-node0", "vcb-node0", "pc"):
@@ -256,15 +259,7 @@ def test_one_host_renders_no_routes_and_the_ruleset_it_always_had(tmp_path):
         "children": {"vca_host": {"hosts": {"vca-host": {}}},
                      "vca_nodes": {"hosts": {"vca-node0": {"vca_node": 0, "vca_card": 0, "vca_cpu": 0,
                                                            "vca_node_ip": "172.31.1.1"}}}}}}
-    out = tmp_path / "rendered"
-    out.mkdir()
-    (tmp_path / "hosts.yml").write_text(json.dumps(inventory))
-    (tmp_path / "render.yml").write_text(RENDER % {"root": ROOT, "out": out})
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_STRATEGY="linear")
-    run = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(tmp_path / "hosts.yml"),
-                          str(tmp_path / "render.yml")], capture_output=True, text=True, env=env, cwd=ROOT,
-                         timeout=300, check=False)
-    assert run.returncode == 0, run.stdout + run.stderr
+    out = render(tmp_path, inventory)
     rules = (out / "vca-host.nft").read_text()
     assert "peer_host_to_node" not in rules and "daddr !=" not in rules
     assert 'ip saddr 172.31.0.0/16 oifname "lan0" masquerade' in rules

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-from http.server import ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -38,6 +38,33 @@ def http_server(handler):
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextlib.contextmanager
+def serving_text(bodies, tokens=None):
+    """A real HTTP server answering GET path with bodies[path] as Prometheus text, and 401 to a request
+    for a path of tokens without its Bearer token; yields its base URL."""
+    tokens = tokens or {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            want = tokens.get(self.path)
+            if want and self.headers.get("Authorization") != "Bearer " + want:
+                self.send_response(401)
+                self.end_headers()
+                return
+            body = bodies[self.path].encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    with http_server(Handler) as base:
+        yield base
 
 
 AGENT_TOKEN = "agent-token-0123456789abcdef"       # made up for the tests; no deployment uses it

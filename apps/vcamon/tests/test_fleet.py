@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 from test_web import CHROMIUM, chromium, request
 
-from conftest import http_server
+from conftest import serving_text
 from vcamon import cli, fleet
 from vcamon.agent import parse_units, start_agent
 from vcamon.collector import Collector, load_targets
@@ -58,24 +58,7 @@ def exporters():
     bodies = {"/smem": SMEM, "/farm": FARM, "/haproxy": HAPROXY,
               "/llm-worker": "# TYPE llamacpp:requests_processing gauge\n"}
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            want = TOKENS.get(self.path)
-            if want and self.headers.get("Authorization") != "Bearer " + want:
-                self.send_response(401)
-                self.end_headers()
-                return
-            body = bodies[self.path].encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    with http_server(Handler) as base:
+    with serving_text(bodies, TOKENS) as base:
         yield base
 
 

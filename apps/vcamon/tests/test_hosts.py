@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import json
 import re
-from http.server import BaseHTTPRequestHandler
 
 import pytest
 from test_fleet import closed_port
 from test_web import CHROMIUM, chromium, request, sections
 
-from conftest import http_server
+from conftest import serving_text
 from vcamon import cli, fleet
 from vcamon.collector import Collector, load_targets
 from vcamon.store import Store
@@ -40,19 +39,7 @@ ANSWERS = {
 
 @pytest.fixture(scope="module")
 def agents():
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = ANSWERS[self.path].encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    with http_server(Handler) as base:
+    with serving_text(ANSWERS) as base:
         yield base
 
 
