@@ -160,23 +160,20 @@ class LookupModule(LookupBase):
         variables = variables or {}
         groups = variables.get("groups") or {}
         fleet_hosts = self._templar.template(variables.get("fleet_hosts"))
+        hostvars = variables.get("hostvars") or {}
         answers = []
         try:
             for term in terms:
+                if term in (NODES, LAN_ADDRESS) and not kwargs.get("of"):
+                    raise FleetError("the term %s needs of=<a VCA host>" % term)
                 if term == NODES:
-                    if not kwargs.get("of"):
-                        raise FleetError("the term nodes needs of=<a VCA host>")
-                    hostvars = variables.get("hostvars") or {}
                     names = {n: hostvars[n].get("vca_host_name") if n in hostvars else None
                              for n in groups.get("vca_nodes") or []}
                     answers.extend(nodes_of(kwargs["of"], groups, names))
                 elif term == LAN_ADDRESS:
-                    if not kwargs.get("of"):
-                        raise FleetError("the term lan_address needs of=<a VCA host>")
-                    host = kwargs["of"]
-                    hostvars = variables.get("hostvars") or {}
-                    found = hostvars[host] if host in hostvars else {}
-                    answers.append(lan_address(host, groups, self._templar.template(found.get("vca_lan_address")),
+                    found = hostvars[kwargs["of"]] if kwargs["of"] in hostvars else {}
+                    answers.append(lan_address(kwargs["of"], groups,
+                                               self._templar.template(found.get("vca_lan_address")),
                                                self._templar.template(found.get("ansible_host"))))
                 elif term == NODE_HOST:
                     host_name = self._templar.template(variables.get("vca_host_name"))
