@@ -7,17 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_vectors import DIM, exact_top, unit
 
 from smem import archive, bulk, facts, memories, search, vectors
 from smem import db as dbm
 from smem.bit_cache import BitCache, Held
 from smem.config import Settings
-
-DIM = 384
-
-
-def unit(x: np.ndarray) -> np.ndarray:
-    return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
 
 
 @pytest.fixture
@@ -97,12 +92,6 @@ def test_held_candidates_are_sqlite_vecs_by_hamming_distance(file):
         bob = {r for (r,) in db.conn.execute("SELECT rowid FROM memories WHERE ns = 'bob'")}
         assert not bob & set(held)
     db.close()
-
-
-def exact_top(db, ns: str, q: np.ndarray, k: int) -> list[str]:
-    rows = db.rows("SELECT id, embedding FROM memories WHERE ns = ? AND forgotten_at IS NULL", (ns,))
-    cos = np.stack([np.frombuffer(r["embedding"], np.float32) for r in rows]) @ q
-    return [rows[i]["id"] for i in np.argsort(-cos, kind="stable")[:k]]
 
 
 def test_recall_through_the_held_copy(file):

@@ -39,7 +39,8 @@ def populated(tmp_path):
 
 
 def exact_top(db, ns: str, q: np.ndarray, k: int) -> list[str]:
-    rows = db.rows("SELECT id, embedding FROM memories WHERE ns = ?", (ns,))
+    """The ids of ns's k facts in force nearest q by exact cosine, read row by row (no index)."""
+    rows = db.rows("SELECT id, embedding FROM memories WHERE ns = ? AND forgotten_at IS NULL", (ns,))
     cos = np.stack([np.frombuffer(r["embedding"], np.float32) for r in rows]) @ q
     return [rows[i]["id"] for i in np.argsort(-cos, kind="stable")[:k]]
 
