@@ -31,6 +31,7 @@ import httpx  # noqa: E402
 import uvicorn  # noqa: E402
 from celery import Celery  # noqa: E402
 from kombu import Connection  # noqa: E402
+from kombu.exceptions import OperationalError  # noqa: E402
 from starlette.applications import Starlette  # noqa: E402
 from starlette.responses import JSONResponse  # noqa: E402
 from starlette.routing import Route  # noqa: E402
@@ -297,7 +298,10 @@ class Farm:
             for n, p in self.workers.items():
                 if n in nodes and p.poll() is not None:
                     raise AssertionError("worker %s exited:\n%s" % (n, self.log("worker-%s.log" % n)))
-            got = {k for r in self.control.ping(destination=sorted(want), timeout=1.0) for k in r}
+            try:
+                got = {k for r in self.control.ping(destination=sorted(want), timeout=1.0) for k in r}
+            except OperationalError:    # a connect that timed out on a busy machine: ask again, in time
+                return False
             return want <= got
         wait_for("workers %s to answer a ping" % sorted(want), answered, 90, every=0.2)
 
