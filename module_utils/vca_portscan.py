@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""A bounded, concurrent TCP connect scan (asyncio; no raw sockets, no nmap).
+"""A bounded, concurrent TCP connect scan (non-blocking sockets on one selector; no raw sockets, no nmap).
 
 Each connect ends open (connected: closed at once, nothing sent), closed (refused: the target
 answered RST) or filtered (no answer within the timeout, or unreachable: a firewall that drops).
@@ -12,14 +12,15 @@ Standard library only: this runs on the scanning machine (the lab's neighbour).
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import ipaddress
 import resource
+import selectors
+import socket
 import time
+from collections import deque
 
-# Python 3.10 (Ubuntu 22.04) raises asyncio's own TimeoutError from wait_for, not the builtin one
-ASYNC_TIMEOUT = asyncio.TimeoutError
+IN_PROGRESS = {errno.EINPROGRESS, errno.EAGAIN, errno.EWOULDBLOCK, errno.EALREADY}
 
 
 class ScanTimeout(Exception):
@@ -64,53 +65,94 @@ def raise_fd_limit(wanted):
     return max(1, min(wanted, soft - 256))
 
 
-async def probe(target, port, timeout):
+def new_socket(target, port):
+    """A non-blocking TCP socket for one connect to target:port (a test binds its source port)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in target else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    return sock
+
+
+def _answer(sock, err):
+    """What a finished connect says: err is its SO_ERROR (0: it connected)."""
+    if err:
+        return "closed" if err == errno.ECONNREFUSED else "filtered"
     try:
-        _reader, writer = await asyncio.wait_for(asyncio.open_connection(target, port), timeout)
-    except ASYNC_TIMEOUT:
-        return "filtered"
-    except ConnectionRefusedError:
-        return "closed"
-    except OSError as e:
-        return "closed" if e.errno == errno.ECONNREFUSED else "filtered"
-    here, there = writer.get_extra_info("sockname"), writer.get_extra_info("peername")
-    writer.close()
-    try:
-        await writer.wait_closed()
-    except OSError:
-        pass
+        here, there = sock.getsockname(), sock.getpeername()
+    except OSError:           # connected, then reset at once: something listened
+        return "open"
     # a connect from this machine to one of its own ephemeral ports can meet itself (TCP's
     # simultaneous open): nobody listens there
-    return "closed" if here and there and tuple(here[:2]) == tuple(there[:2]) else "open"
+    return "closed" if tuple(here[:2]) == tuple(there[:2]) else "open"
 
 
-async def _sweep(targets, ports, concurrency, timeout, states, *, made):
-    sem = asyncio.Semaphore(concurrency)
+class _OutOfTime(Exception):
+    pass
 
-    async def one(target, port):
-        async with sem:
-            made[0] += 1
-            states[target][port] = await probe(target, port, timeout)
 
-    # created lazily, a batch at a time: half a million pending tasks would cost memory for nothing
-    pending = set()
+def _sweep(pairs, concurrency, timeout, states, *, made, deadline):
+    """Connect to each (target, port), at most concurrency at once, each given timeout seconds; an open
+    port is closed at once with nothing sent. Non-blocking sockets on one selector: a connect costs a
+    socket and two system calls, so a sweep of every port is bound by the answers, not by Python."""
+    selector = selectors.DefaultSelector()
+    oldest_first = deque()        # [started, sock, target, port, finished]: the first to time out is first
+    live = {}
+    pairs = iter(pairs)
+    more = True
+
+    def finish(entry, state):
+        entry[4] = True
+        selector.unregister(entry[1])
+        del live[entry[1].fileno()]
+        entry[1].close()
+        states[entry[2]][entry[3]] = state
+
+    def begin(target, port):
+        sock = new_socket(target, port)
+        made[0] += 1
+        err = sock.connect_ex((target, port))
+        if err not in IN_PROGRESS:   # answered at once (loopback, an unreachable network)
+            states[target][port] = _answer(sock, err)
+            sock.close()
+            return
+        entry = [time.monotonic(), sock, target, port, False]
+        selector.register(sock, selectors.EVENT_WRITE, entry)
+        live[sock.fileno()] = entry
+        oldest_first.append(entry)
+
     try:
-        for target in targets:
-            for port in ports:
-                pending.add(asyncio.ensure_future(one(target, port)))
-                if len(pending) >= concurrency * 4:
-                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                    for task in done:
-                        task.result()     # a probe that failed otherwise than by its port's answer
-        if pending:
-            done, pending = await asyncio.wait(pending)
-            for task in done:
-                task.result()
-    finally:                  # out of time: nothing is left running behind the result
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
+        while True:
+            while more and len(live) < concurrency:
+                pair = next(pairs, None)
+                more = pair is not None
+                if more:
+                    begin(*pair)
+            if not live and not more:
+                return
+            while oldest_first and oldest_first[0][4]:
+                oldest_first.popleft()
+            now = time.monotonic()
+            if now >= deadline:
+                raise _OutOfTime()
+            wake = min(oldest_first[0][0] + timeout, deadline) if oldest_first else deadline
+            for key, _events in selector.select(max(0.0, wake - now)):
+                finish(key.data, _answer(key.data[1], key.data[1].getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)))
+            now = time.monotonic()
+            while oldest_first and (oldest_first[0][4] or oldest_first[0][0] + timeout <= now):
+                entry = oldest_first.popleft()
+                if not entry[4]:
+                    finish(entry, "filtered")
+    finally:                  # out of time, or a connect that broke: nothing is left open behind it
+        for entry in list(live.values()):
+            selector.unregister(entry[1])
+            entry[1].close()
+        selector.close()
+
+
+def probe(target, port, timeout):
+    """One connect, given timeout seconds: open, closed or filtered."""
+    got = {target: {}}
+    _sweep([(target, port)], 1, timeout, got, made=[0], deadline=float("inf"))
+    return got[target][port]
 
 
 def _result(targets, states, connects, started, *, concurrency, confirmed, note):
@@ -156,24 +198,21 @@ def scan(targets, ports, *, concurrency=4096, timeout_s=1.0, max_connects=200000
     made = [0]            # connects begun, also when the scan runs out of time
     started = time.monotonic()
 
-    async def run():
-        await _sweep(targets, ports, allowed, timeout_s, states, made=made)
-        for target, wanted in confirm.items():
-            for port in wanted:
-                before = states[target].get(port)
-                made[0] += 1
-                states[target][port] = await probe(target, port, confirm_timeout_s)
-                confirmed["%s:%d" % (target, port)] = {"sweep": before, "final": states[target][port],
-                                                       "changed": before != states[target][port]}
-
     def result():
         return _result(targets, states, made[0], started, concurrency=allowed, confirmed=confirmed, note=note)
 
-    loop = asyncio.new_event_loop()
+    deadline = started + max_duration_s
     try:
-        loop.run_until_complete(asyncio.wait_for(run(), max_duration_s))
-    except ASYNC_TIMEOUT:
+        _sweep(((t, p) for t in targets for p in ports), allowed, timeout_s, states, made=made, deadline=deadline)
+        for target, wanted in confirm.items():
+            for port in wanted:
+                if time.monotonic() >= deadline:
+                    raise _OutOfTime()
+                before = states[target].get(port)
+                made[0] += 1
+                states[target][port] = probe(target, port, confirm_timeout_s)
+                confirmed["%s:%d" % (target, port)] = {"sweep": before, "final": states[target][port],
+                                                       "changed": before != states[target][port]}
+    except _OutOfTime:
         raise ScanTimeout("the scan ran past max_duration_s (%s s)" % max_duration_s, result()) from None
-    finally:
-        loop.close()
     return result()
