@@ -305,6 +305,14 @@ class Farm:
             return want <= got
         wait_for("workers %s to answer a ping" % sorted(want), answered, 90, every=0.2)
 
+    def active_queues(self) -> dict | None:
+        """{worker: the queues it consumes} of this farm's workers that answered; None when the connect
+        timed out (a busy machine): the caller's wait_for asks again."""
+        try:
+            return self.control.inspect(destination=["farm@" + n for n in self.nodes], timeout=2).active_queues()
+        except OperationalError:
+            return None
+
     def start_coordinator(self, **env) -> subprocess.Popen:
         """`farm coordinator`; with env (its faults, see coordinator_main.py) the tests' wrapper of it."""
         log = open(self.root / "coordinator.log", "a")

@@ -186,7 +186,7 @@ def test_cancel_stops_the_job_and_gives_its_nodes_back(make_farm):
     queue = "farm.job." + job_id
 
     def consumers_gone():
-        active = farm.control.inspect(destination=["farm@" + n for n in farm.nodes], timeout=2).active_queues()
+        active = farm.active_queues()
         return active and len(active) == 3 and all(queue not in {q["name"] for q in qs} for qs in active.values())
     wait_for("the workers to stop consuming %s" % queue, consumers_gone, 30)
     with Connection(farm.broker.url) as conn, pytest.raises(conn.channel_errors):

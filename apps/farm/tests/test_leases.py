@@ -93,7 +93,7 @@ def test_at_start_the_coordinator_gives_back_what_jobs_no_longer_live_hold(make_
     assert lease["id"] in deleted and orphan["id"] in deleted
 
     def not_consuming():
-        active = farm.control.inspect(destination=["farm@" + n for n in farm.nodes], timeout=2).active_queues()
+        active = farm.active_queues()
         return active and len(active) == 3 and all(
             "farm.job." + job_id not in {q["name"] for q in qs} for qs in active.values())
     wait_for("the workers to stop consuming the job's queue", not_consuming, 30)
