@@ -26,10 +26,11 @@ description:
     C(vca_host_name), which a one-host fleet may leave unset).
   - The term C(nodes) with C(of=HOST) answers the nodes (group vca_nodes) that sit in VCA host HOST,
     as a list (use query()).
-  - The term C(lan_address) with C(of=HOST) answers VCA host HOST's address on the LAN as the inventory
-    gives it, for a service that binds there (its C(vca_lan_address), else its C(ansible_host) when that
-    is an IPv4 address). A host with neither fails, naming the variable to set, and so does a wildcard or a
-    loopback address.
+  - The term C(lan_address) with C(of=HOST) answers VCA host HOST's address on the LAN, the one rule for
+    a service that binds there and for the routes to HOST's nodes. It is its C(vca_lan_address), else its
+    C(ansible_host) when that is an IPv4 address on the LAN, else the address of its default IPv4 route
+    when its facts were gathered. A host with none fails, naming the variable to set; a wildcard or
+    loopback C(vca_lan_address) fails too.
   - Bad input (an unknown role, a role given to a machine that is not a VCA host) fails with the
     reason. docs/SETUP.md has the table.
 options:
@@ -137,22 +138,29 @@ def ipv4_address(text):
         return None
 
 
-def lan_address(host: str, groups: Mapping, vca_lan_address=None, ansible_host=None) -> str:
-    """A VCA host's address on the LAN, for a service that binds there (never every address): its
-    vca_lan_address, else its ansible_host when that is an IPv4 address (a name may resolve elsewhere)."""
+def lan_address(host: str, groups: Mapping, vca_lan_address=None, ansible_host=None, default_route=None) -> str:
+    """A VCA host's address on the LAN, the one rule for every use (a service binds there, another host
+    routes this one's nodes via it): its vca_lan_address, else its ansible_host when that is an IPv4
+    address on the LAN (a name may resolve elsewhere; loopback is a tunnel), else the address of its
+    default IPv4 route when its facts were gathered. Never a wildcard or loopback address."""
     if host not in vca_hosts(groups):
         raise FleetError("%r is not a VCA host (group vca_host: %s)" % (host, ", ".join(vca_hosts(groups))))
-    for var, value in (("vca_lan_address", vca_lan_address), ("ansible_host", ansible_host)):
+    if vca_lan_address:
+        address = ipv4_address(vca_lan_address)
+        if address is None:
+            raise FleetError("%s: vca_lan_address is %r, not an IPv4 address" % (host, vca_lan_address))
+        if address.is_unspecified or address.is_loopback:
+            raise FleetError("%s: vca_lan_address is %s, which is no address on the LAN: set it to the host's "
+                             "own LAN address" % (host, vca_lan_address))
+        return str(address)
+    for value in (ansible_host, default_route):
         address = ipv4_address(value) if value else None
-        if address is not None and (address.is_unspecified or address.is_loopback):
-            raise FleetError("%s: %s is %s, which is no address on the LAN: set vca_lan_address to the host's "
-                             "own LAN address" % (host, var, value))
-        if var == "vca_lan_address" and value and address is None:
-            raise FleetError("%s: vca_lan_address is %r, not an IPv4 address" % (host, value))
-        if address is not None:
+        if address is not None and not (address.is_unspecified or address.is_loopback):
             return str(address)
-    raise FleetError("%s has no address on the LAN to bind to: set vca_lan_address (an IPv4 address) on it "
-                     "(its ansible_host %r is not an IPv4 address)" % (host, ansible_host))
+    raise FleetError("%s has no address on the LAN: set vca_lan_address (an IPv4 address) on it (its ansible_host "
+                     "%r is no IPv4 address on the LAN, and %s)" % (host, ansible_host, (
+                         "its default route's address %r is none either" % default_route) if default_route
+                         else "no default route address was gathered for it"))
 
 
 class LookupModule(LookupBase):
@@ -172,9 +180,10 @@ class LookupModule(LookupBase):
                     answers.extend(nodes_of(kwargs["of"], groups, names))
                 elif term == LAN_ADDRESS:
                     found = hostvars[kwargs["of"]] if kwargs["of"] in hostvars else {}
+                    route = ((found.get("ansible_facts") or {}).get("default_ipv4") or {}).get("address")
                     answers.append(lan_address(kwargs["of"], groups,
                                                self._templar.template(found.get("vca_lan_address")),
-                                               self._templar.template(found.get("ansible_host"))))
+                                               self._templar.template(found.get("ansible_host")), route))
                 elif term == NODE_HOST:
                     host_name = self._templar.template(variables.get("vca_host_name"))
                     answers.append(node_host(variables.get("inventory_hostname"), groups, host_name))

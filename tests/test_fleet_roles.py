@@ -62,26 +62,30 @@ def test_each_node_sits_in_its_own_host():
         fleet.node_host("vcb-node1", GROUPS, "vcc-host")
 
 
-@pytest.mark.parametrize("lan, ansible_host, answer", [
-    ("192.0.2.11", "vcb-host.example.lan", "192.0.2.11"),     # vca_lan_address first
-    (None, "192.0.2.12", "192.0.2.12"),                       # else an IPv4 ansible_host
-    ("", "192.0.2.12", "192.0.2.12"),
+@pytest.mark.parametrize("lan, ansible_host, route, answer", [
+    ("192.0.2.11", "vcb-host.example.lan", "192.0.2.99", "192.0.2.11"),     # vca_lan_address first
+    (None, "192.0.2.12", "192.0.2.99", "192.0.2.12"),                       # else an IPv4 ansible_host
+    ("", "192.0.2.12", None, "192.0.2.12"),
+    (None, "vcb-host.example.lan", "192.0.2.99", "192.0.2.99"),            # else the default route's
+    (None, "127.0.0.1", "192.0.2.99", "192.0.2.99"),                       # (loopback: a tunnel)
 ])
-def test_a_hosts_lan_address(lan, ansible_host, answer):
-    assert fleet.lan_address("vcb-host", GROUPS, lan, ansible_host) == answer
+def test_a_hosts_lan_address(lan, ansible_host, route, answer):
+    assert fleet.lan_address("vcb-host", GROUPS, lan, ansible_host, route) == answer
 
 
-@pytest.mark.parametrize("host, lan, ansible_host, said", [
-    ("vcb-host", None, "vcb-host.example.lan", "vcb-host has no address on the LAN to bind to: set vca_lan_address"),
-    ("vcb-host", None, "2001:db8::2", "its ansible_host '2001:db8::2' is not an IPv4 address"),
-    ("vcb-host", "vcb.example.lan", "192.0.2.12", "vcb-host: vca_lan_address is 'vcb.example.lan', not an IPv4"),
-    ("vcb-host", "0.0.0.0", "192.0.2.12", "vcb-host: vca_lan_address is 0.0.0.0, which is no address on the LAN"),
-    ("vcb-host", None, "127.0.0.1", "vcb-host: ansible_host is 127.0.0.1, which is no address on the LAN"),
-    ("vca-node0", "192.0.2.11", None, "'vca-node0' is not a VCA host"),
+@pytest.mark.parametrize("host, lan, ansible_host, route, said", [
+    ("vcb-host", None, "vcb-host.example.lan", None, "vcb-host has no address on the LAN: set vca_lan_address"),
+    ("vcb-host", None, "2001:db8::2", None, "its ansible_host '2001:db8::2' is no IPv4 address on the LAN, and no "
+     "default route address was gathered for it"),
+    ("vcb-host", None, "127.0.0.1", "127.0.0.1", "its default route's address '127.0.0.1' is none either"),
+    ("vcb-host", "vcb.example.lan", "192.0.2.12", None, "vcb-host: vca_lan_address is 'vcb.example.lan', not an IPv4"),
+    ("vcb-host", "0.0.0.0", "192.0.2.12", None, "vcb-host: vca_lan_address is 0.0.0.0, which is no address on the LAN"),
+    ("vcb-host", "127.0.0.1", "192.0.2.12", None, "vcb-host: vca_lan_address is 127.0.0.1, which is no address"),
+    ("vca-node0", "192.0.2.11", None, None, "'vca-node0' is not a VCA host"),
 ])
-def test_a_host_without_a_lan_address_is_refused_with_what_to_set(host, lan, ansible_host, said):
+def test_a_host_without_a_lan_address_is_refused_with_what_to_set(host, lan, ansible_host, route, said):
     with pytest.raises(fleet.FleetError, match=re.escape(said)):
-        fleet.lan_address(host, GROUPS, lan, ansible_host)
+        fleet.lan_address(host, GROUPS, lan, ansible_host, route)
 
 
 # Each role's knob that names a fleet machine, read from the role's own defaults/ or vars/ on a node

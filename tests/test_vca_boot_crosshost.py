@@ -264,3 +264,18 @@ def test_one_host_renders_no_routes_and_the_ruleset_it_always_had(tmp_path):
     assert "peer_host_to_node" not in rules and "daddr !=" not in rules
     assert 'ip saddr 172.31.0.0/16 oifname "lan0" masquerade' in rules
     assert "ExecStart" not in (out / "vca-host.routes").read_text()
+
+
+def test_a_peer_is_routed_via_its_lan_address_by_the_fleets_one_rule(tmp_path):
+    """No vca_lan_address on vcb-host: its IPv4 ansible_host, as fleet_host's lan_address answers for the
+    agents too (one rule, tests/test_fleet_roles.py); with neither, the run stops naming vcb-host."""
+    inventory = two_hosts()
+    hosts = inventory["all"]["children"]["vca_host"]["hosts"]
+    hosts["vcb-host"] = {"ansible_host": "192.0.2.22", "vca_node_subnet": "172.30.0.0/16"}
+    out = render(tmp_path, inventory)
+    routes = (out / "vca-host.routes").read_text()
+    assert "ExecStart=/usr/sbin/ip route replace 172.30.0.0/16 via 192.0.2.22\n" in routes
+    hosts["vcb-host"] = {"ansible_host": "vcb-host.example.lan", "vca_node_subnet": "172.30.0.0/16"}
+    with pytest.raises(AssertionError, match="vcb-host has no address on the LAN: set vca_lan_address"):
+        (tmp_path / "none").mkdir()
+        render(tmp_path / "none", inventory)

@@ -116,8 +116,9 @@ def test_a_host_with_no_address_to_bind_stops_the_run_named(tmp_path):
     run = render(ROOT, inventory(tmp_path, hosts), tmp_path / "out", tmp_path / "work")
     assert run.returncode != 0
     said = re.sub(r"\s+", " ", run.stdout + run.stderr)
-    assert ("vcc-host has no address on the LAN to bind to: set vca_lan_address (an IPv4 address) on it (its "
-            "ansible_host 'vcc-host.example.lan' is not an IPv4 address)") in said
+    assert ("vcc-host has no address on the LAN: set vca_lan_address (an IPv4 address) on it (its ansible_host "
+            "'vcc-host.example.lan' is no IPv4 address on the LAN, and no default route address was gathered "
+            "for it)") in said
 
 
 def test_a_one_host_inventory_names_no_host_in_its_targets(tmp_path):
