@@ -7,17 +7,18 @@ set -uo pipefail
 address=$1 timeout_s=$2
 shift 2
 systemctl daemon-reload
+now_us() { echo "${EPOCHREALTIME/[.,]/}"; }    # microseconds (bash 5): SECONDS is whole seconds
 for unit_port in "$@"; do
     unit=${unit_port%:*} port=${unit_port##*:}
     systemctl restart "$unit" || { systemctl status --no-pager "$unit" | tail -20; exit 1; }
-    deadline=$((SECONDS + timeout_s))
+    started=$(now_us)
     until curl -fsS -o /dev/null -m 5 "http://$address:$port/health"; do
-        if [ "$SECONDS" -ge "$deadline" ]; then
+        if (( $(now_us) - started >= timeout_s * 1000000 )); then
             echo "$unit: no 200 from http://$address:$port/health within $timeout_s s of its restart" >&2
             journalctl -u "$unit" -n 20 --no-pager >&2
             exit 1
         fi
         sleep 1
     done
-    echo "$unit restarted, /health 200 after $((SECONDS + timeout_s - deadline)) s"
+    echo "$unit restarted, /health 200 after $(( ($(now_us) - started) / 1000000 )) s"
 done
