@@ -76,6 +76,9 @@ def run_handler(tmp_path: Path, never_up: set[str] = frozenset(), timeout_s: int
         (shims / tool).write_text('#!/bin/sh\n[ "$1" = restart ] && echo "$(date +%%s.%%N) $1 $2" >> %s\nexit 0\n'
                                   % log)
         (shims / tool).chmod(0o755)
+    for tool in ("curl", "wget", "python3"):           # not on a node (node_base installs none of them for this)
+        (shims / tool).write_text("#!/bin/sh\necho '%s: not on a node' >&2\nexit 127\n" % tool)
+        (shims / tool).chmod(0o755)
     units, servers, hosts = Units(log, set(never_up)), [], {}
     for node, by_name in NODES.items():
         unit_list = []
