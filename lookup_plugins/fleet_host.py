@@ -157,10 +157,10 @@ def lan_address(host: str, groups: Mapping, vca_lan_address=None, ansible_host=N
         address = ipv4_address(value) if value else None
         if address is not None and not (address.is_unspecified or address.is_loopback):
             return str(address)
+    route = ("its default route's address %r is none either" % default_route if default_route
+             else "no default route address was gathered for it")
     raise FleetError("%s has no address on the LAN: set vca_lan_address (an IPv4 address) on it (its ansible_host "
-                     "%r is no IPv4 address on the LAN, and %s)" % (host, ansible_host, (
-                         "its default route's address %r is none either" % default_route) if default_route
-                         else "no default route address was gathered for it"))
+                     "%r is no IPv4 address on the LAN, and %s)" % (host, ansible_host, route))
 
 
 class LookupModule(LookupBase):
