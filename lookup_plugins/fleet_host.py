@@ -6,7 +6,9 @@ farm broker, one LLM front, one agent memory, one monitor and one build host.
 The inventory names them in one dictionary, fleet_hosts ({role: vca host});
 a role it leaves out falls to the first VCA host, so a one-host inventory
 names nothing and runs as it always has. Each node belongs to its own host
-(host variable vca_host_name, which a one-host fleet may leave unset).
+(host variable vca_host_name, which a one-host fleet may leave unset). Group
+extra_workers holds the owner's other Linux machines that run workers (the
+farm's, the LLM front's): neither a VCA host nor a node, each on the LAN.
 docs/SETUP.md has the table for owners.
 """
 
@@ -26,20 +28,23 @@ description:
     C(vca_host_name), which a one-host fleet may leave unset).
   - The term C(nodes) with C(of=HOST) answers the nodes (group vca_nodes) that sit in VCA host HOST,
     as a list (use query()).
-  - The term C(lan_address) with C(of=HOST) answers VCA host HOST's address on the LAN, the one rule for
-    a service that binds there and for the routes to HOST's nodes. It is its C(vca_lan_address), else its
-    C(ansible_host) when that is an IPv4 address on the LAN, else the address of its default IPv4 route
-    when its facts were gathered. A host with none fails, naming the variable to set; a wildcard or
-    loopback C(vca_lan_address) fails too.
-  - Bad input (an unknown role, a role given to a machine that is not a VCA host) fails with the
-    reason. docs/SETUP.md has the table.
+  - The term C(lan_address) with C(of=HOST) answers VCA host (or extra worker) HOST's address on the LAN,
+    the one rule for a service that binds there and for the routes to HOST's nodes. It is its
+    C(vca_lan_address), else its C(ansible_host) when that is an IPv4 address on the LAN, else the address
+    of its default IPv4 route when its facts were gathered. A host with none fails, naming the variable
+    to set; a wildcard or loopback C(vca_lan_address) fails too.
+  - The term C(extra_workers) answers group extra_workers (use query()), once each of them is checked to
+    be neither a VCA host nor a node.
+  - Bad input (an unknown role, a role given to a machine that is not a VCA host, an extra worker that
+    is also a VCA host or a node) fails with the reason. docs/SETUP.md has the table.
 options:
   _terms:
-    description: fleet roles, node_host, nodes, or lan_address
+    description: fleet roles, node_host, nodes, lan_address or extra_workers
     required: true
   of:
-    description: the VCA host whose nodes (term C(nodes)) or LAN address (term C(lan_address)) is asked
-    type: str
+    description: the VCA host whose nodes (term C(nodes)) are asked; for term C(lan_address), a VCA host or extra
+      worker, or a list of them (one address each, in order, with query())
+    type: raw
 """
 
 EXAMPLES = r"""
@@ -68,7 +73,8 @@ FLEET_ROLES = {
 }
 NODE_HOST = "node_host"   # not a fleet role: the asking node's own VCA host
 NODES = "nodes"           # not a fleet role: the nodes of one VCA host
-LAN_ADDRESS = "lan_address"   # not a fleet role: one VCA host's address on the LAN
+LAN_ADDRESS = "lan_address"   # not a fleet role: one VCA host's (or extra worker's) address on the LAN
+EXTRA_WORKERS = "extra_workers"   # not a fleet role: the owner's other machines that run workers
 
 
 class FleetError(ValueError):
@@ -80,6 +86,16 @@ def vca_hosts(groups: Mapping) -> list:
     if not hosts:
         raise FleetError("the inventory has no VCA host (group vca_host is empty or missing)")
     return hosts
+
+
+def extra_workers(groups: Mapping) -> list:
+    """Group extra_workers, each checked to be neither a VCA host nor a node: a machine is one of the three."""
+    workers = list(groups.get(EXTRA_WORKERS) or [])
+    clashes = ["%s is in extra_workers and in %s" % (w, g) for w in workers for g in ("vca_host", "vca_nodes")
+               if w in (groups.get(g) or [])]
+    if clashes:
+        raise FleetError("; ".join(clashes) + ": a machine is a VCA host, a node or an extra worker, one of them")
+    return workers
 
 
 def check_fleet_hosts(fleet_hosts, groups: Mapping) -> dict:
@@ -139,18 +155,20 @@ def ipv4_address(text):
 
 
 def lan_address(host: str, groups: Mapping, vca_lan_address=None, ansible_host=None, default_route=None) -> str:
-    """A VCA host's address on the LAN, the one rule for every use (a service binds there, another host
-    routes this one's nodes via it): its vca_lan_address, else its ansible_host when that is an IPv4
-    address on the LAN (a name may resolve elsewhere; loopback is a tunnel), else the address of its
-    default IPv4 route when its facts were gathered. Never a wildcard or loopback address."""
-    if host not in vca_hosts(groups):
-        raise FleetError("%r is not a VCA host (group vca_host: %s)" % (host, ", ".join(vca_hosts(groups))))
+    """A VCA host's (or an extra worker's) address on the LAN, the one rule for every use (a service binds
+    there, another host routes this one's nodes via it, a front reaches a worker there): its
+    vca_lan_address, else its ansible_host when that is an IPv4 address on the LAN (a name may resolve
+    elsewhere; loopback is a tunnel), else the address of its default IPv4 route when its facts were
+    gathered. Never a wildcard or loopback address."""
+    if host not in vca_hosts(groups) + extra_workers(groups):
+        raise FleetError("%r is neither a VCA host (group vca_host: %s) nor an extra worker (group extra_workers: %s)"
+                         % (host, ", ".join(vca_hosts(groups)), ", ".join(extra_workers(groups)) or "none"))
     if vca_lan_address:
         address = ipv4_address(vca_lan_address)
         if address is None:
             raise FleetError("%s: vca_lan_address is %r, not an IPv4 address" % (host, vca_lan_address))
         if address.is_unspecified or address.is_loopback:
-            raise FleetError("%s: vca_lan_address is %s, which is no address on the LAN: set it to the host's "
+            raise FleetError("%s: vca_lan_address is %s, which is no address on the LAN: set it to the machine's "
                              "own LAN address" % (host, vca_lan_address))
         return str(address)
     for value in (ansible_host, default_route):
@@ -172,18 +190,23 @@ class LookupModule(LookupBase):
         answers = []
         try:
             for term in terms:
-                if term in (NODES, LAN_ADDRESS) and not kwargs.get("of"):
-                    raise FleetError("the term %s needs of=<a VCA host>" % term)
+                if term in (NODES, LAN_ADDRESS) and kwargs.get("of") in (None, ""):
+                    raise FleetError("the term %s needs of=<a VCA host%s>"
+                                     % (term, " or an extra worker" if term == LAN_ADDRESS else ""))
                 if term == NODES:
                     names = {n: hostvars[n].get("vca_host_name") if n in hostvars else None
                              for n in groups.get("vca_nodes") or []}
                     answers.extend(nodes_of(kwargs["of"], groups, names))
                 elif term == LAN_ADDRESS:
-                    found = hostvars[kwargs["of"]] if kwargs["of"] in hostvars else {}
-                    route = ((found.get("ansible_facts") or {}).get("default_ipv4") or {}).get("address")
-                    answers.append(lan_address(kwargs["of"], groups,
-                                               self._templar.template(found.get("vca_lan_address")),
-                                               self._templar.template(found.get("ansible_host")), route))
+                    machines = kwargs["of"] if isinstance(kwargs["of"], (list, tuple)) else [kwargs["of"]]
+                    for machine in machines:
+                        found = hostvars[machine] if machine in hostvars else {}
+                        route = ((found.get("ansible_facts") or {}).get("default_ipv4") or {}).get("address")
+                        answers.append(lan_address(machine, groups,
+                                                   self._templar.template(found.get("vca_lan_address")),
+                                                   self._templar.template(found.get("ansible_host")), route))
+                elif term == EXTRA_WORKERS:
+                    answers.extend(extra_workers(groups))
                 elif term == NODE_HOST:
                     host_name = self._templar.template(variables.get("vca_host_name"))
                     answers.append(node_host(variables.get("inventory_hostname"), groups, host_name))

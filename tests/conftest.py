@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import ansible.module_utils
 import pytest
+import yaml
 from ansible.module_utils.testing import patch_module_args
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,6 +29,17 @@ def load_library(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def ansible_playbook(workdir: Path, inventory: dict, playbook: str) -> subprocess.CompletedProcess:
+    """The real ansible-playbook (the project's ansible.cfg, linear) on playbook (YAML text) with inventory,
+    both written into workdir; the run is returned, failed or not."""
+    (workdir / "hosts.yml").write_text(yaml.safe_dump(inventory))
+    (workdir / "play.yml").write_text(playbook)
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_STRATEGY="linear")
+    return subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(workdir / "hosts.yml"),
+                           str(workdir / "play.yml")], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=300, check=False)
 
 
 def run_module(name: str, args: dict, capsys) -> dict:

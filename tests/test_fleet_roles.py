@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-import yaml
 
-from conftest import ROOT
+from conftest import ROOT, ansible_playbook
 
 spec = importlib.util.spec_from_file_location("fleet_host", ROOT / "lookup_plugins/fleet_host.py")
 fleet = importlib.util.module_from_spec(spec)
@@ -81,11 +77,30 @@ def test_a_hosts_lan_address(lan, ansible_host, route, answer):
     ("vcb-host", "vcb.example.lan", "192.0.2.12", None, "vcb-host: vca_lan_address is 'vcb.example.lan', not an IPv4"),
     ("vcb-host", "0.0.0.0", "192.0.2.12", None, "vcb-host: vca_lan_address is 0.0.0.0, which is no address on the LAN"),
     ("vcb-host", "127.0.0.1", "192.0.2.12", None, "vcb-host: vca_lan_address is 127.0.0.1, which is no address"),
-    ("vca-node0", "192.0.2.11", None, None, "'vca-node0' is not a VCA host"),
+    ("vca-node0", "192.0.2.11", None, None, "'vca-node0' is neither a VCA host (group vca_host: vca-host, vcb-host) "
+     "nor an extra worker (group extra_workers: none)"),
 ])
 def test_a_host_without_a_lan_address_is_refused_with_what_to_set(host, lan, ansible_host, route, said):
     with pytest.raises(fleet.FleetError, match=re.escape(said)):
         fleet.lan_address(host, GROUPS, lan, ansible_host, route)
+
+
+def test_an_extra_worker_has_a_lan_address_by_the_same_rule():
+    groups = {**GROUPS, "extra_workers": ["owner-pc"]}
+    assert fleet.extra_workers(groups) == ["owner-pc"]
+    assert fleet.lan_address("owner-pc", groups, None, "owner-pc.example.lan", "192.0.2.50") == "192.0.2.50"
+    with pytest.raises(fleet.FleetError, match="owner-pc has no address on the LAN: set vca_lan_address"):
+        fleet.lan_address("owner-pc", groups, None, "owner-pc.example.lan", None)
+    with pytest.raises(fleet.FleetError, match=re.escape("nor an extra worker (group extra_workers: owner-pc)")):
+        fleet.lan_address("other-pc", groups, None, "192.0.2.51", None)
+
+
+@pytest.mark.parametrize("group, machine", [("vca_host", "vcb-host"), ("vca_nodes", "vcb-node0")])
+def test_an_extra_worker_that_is_also_a_vca_host_or_node_is_refused(group, machine):
+    groups = {**GROUPS, "extra_workers": ["owner-pc", machine]}
+    with pytest.raises(fleet.FleetError, match=re.escape("%s is in extra_workers and in %s: a machine is a VCA host, "
+                                                         "a node or an extra worker" % (machine, group))):
+        fleet.extra_workers(groups)
 
 
 # Each role's knob that names a fleet machine, read from the role's own defaults/ or vars/ on a node
@@ -109,12 +124,8 @@ def run_play(tmp_path, tasks, hosts="all"):
             "vca_host": {"hosts": {"vca-host": {}, "vcb-host": {}}},
             "vca_nodes": {"hosts": {n: {"vca_host_name": h} for n, h in HOST_NAMES.items()}},
         }}}
-    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
-    (tmp_path / "play.yml").write_text(json.dumps([{"hosts": hosts, "gather_facts": False, "tasks": tasks}]))
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_STRATEGY="linear")
-    run = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(tmp_path / "hosts.yml"),
-                          str(tmp_path / "play.yml")], capture_output=True, text=True, env=env, cwd=ROOT,
-                         timeout=300, check=False)
+    run = ansible_playbook(tmp_path, inventory,
+                           json.dumps([{"hosts": hosts, "gather_facts": False, "tasks": tasks}]))
     assert run.returncode == 0, run.stdout + run.stderr
     return dict(re.findall(r"ANSWER (\S+)=(\S*)", run.stdout))
 
@@ -150,4 +161,4 @@ def test_no_role_or_playbook_picks_the_first_vca_host_itself():
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if re.search(r"groups\[.vca_host.\](\[0\]|\[:1\]| *\| *first)", line):
                 found.append("%s:%d" % (path.relative_to(ROOT), n))
-    assert found == ["playbooks/lab.yml:16"]
+    assert found == ["playbooks/lab.yml:17"]

@@ -21,9 +21,8 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
-from conftest import ROOT
+from conftest import ROOT, ansible_playbook
 
 
 # Network namespaces and nft: root on the machine itself (scripts/test-all.sh runs these in group image;
@@ -78,12 +77,7 @@ def render(tmp_path: Path, inventory: dict) -> Path:
     """vca_boot's firewall and routes unit, rendered by ansible-playbook for each VCA host of inventory."""
     out = tmp_path / "rendered"
     out.mkdir()
-    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
-    (tmp_path / "render.yml").write_text(RENDER % {"root": ROOT, "out": out})
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_STRATEGY="linear")
-    run = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(tmp_path / "hosts.yml"),
-                          str(tmp_path / "render.yml")], capture_output=True, text=True, env=env, cwd=ROOT,
-                         timeout=300, check=False)
+    run = ansible_playbook(tmp_path, inventory, RENDER % {"root": ROOT, "out": out})
     assert run.returncode == 0, run.stdout + run.stderr
     return out
 
