@@ -127,6 +127,16 @@ def test_a_fleet_role_given_to_a_node_stops_site(tmp_path):
     assert "PLAY [VCA host]" not in run.stdout
 
 
+def test_an_extra_worker_that_is_also_a_node_stops_site(tmp_path):
+    inv = copy_inventory(tmp_path)
+    edit_hosts(inv, lambda groups: groups.update(extra_workers={"hosts": {"owner-pc": None, "vca-node1": None}}))
+    run = site(inv)
+    assert run.returncode != 0
+    said = " ".join(run.stdout.split())
+    assert "vca-node1 is in extra_workers and in vca_nodes: a machine is a VCA host, a node or an extra worker" in said
+    assert "PLAY [VCA host]" not in run.stdout
+
+
 def test_a_two_host_inventory_names_each_hosts_nodes_and_the_fleet_roles(tmp_path):
     inv = copy_inventory(tmp_path)
     edit_hosts(inv, add_second_host)
@@ -134,4 +144,4 @@ def test_a_two_host_inventory_names_each_hosts_nodes_and_the_fleet_roles(tmp_pat
     said = " ".join(run.stdout.split()).replace("''", "'")   # the YAML callback's quoted quote
     assert "farm: vca-host; llm_front: vca-host; smem: vcb-host; monitor: vca-host; image_builder: vca-host;" in said
     assert ("vca-host's nodes: vca-node0, vca-node1, vca-node2, vca-node3, vca-node4, vca-node5; "
-            "vcb-host's nodes: vcb-node0, vcb-node1, vcb-node2") in said
+            "vcb-host's nodes: vcb-node0, vcb-node1, vcb-node2; extra workers: none") in said
