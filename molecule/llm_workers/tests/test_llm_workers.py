@@ -1,5 +1,6 @@
 """Verify the LLM workers on the molecule lab (testinfra): HAProxy on the host's loopback with a
-token, workers on the host and nodes 0 and 1, node 3 dead. Requests go from inside the host
+token, workers on the host, nodes 0 and 1 and an extra worker (owner-pc, one of the owner's other
+machines on the LAN, behind its own firewall), node 3 dead. Requests go from inside the host
 container, through HAProxy, which names the worker that answered (X-LLM-Worker).
 
 The tests run in file order: the later ones stop a worker and drain one, and put both back."""
@@ -22,7 +23,7 @@ INVENTORY = Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent
 LOCAL = testinfra.get_host("local://")
 URL = "http://127.0.0.1:8090/v1/chat/completions"
 TOKEN = "lab-llm-token"
-WORKERS = {"vca-host", "vca-node0", "vca-node1"}
+WORKERS = {"vca-host", "vca-node0", "vca-node1", "owner-pc"}
 UNIT = "llama-server-llm-chat.service"
 
 
@@ -110,6 +111,51 @@ def test_each_worker_takes_its_own_key_only():
     assert direct(node0, key_of("vca-node1")) == 401           # another worker's key opens nothing here
     assert direct(node0, key_of("vca-node0")) == 200 and direct(node1, key_of("vca-node1")) == 200
     assert direct("http://172.31.1.1:8420/health", None) == 200   # llama-server's health stays open
+
+
+def lan_address(name: str) -> str:
+    return LOCAL.check_output("docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' %s-%s"
+                              % (LAB, name))
+
+
+def connects(machine_name: str, address: str, port: int) -> bool:
+    script = ("import socket, sys\ntry:\n socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3).close()"
+              "; print('yes')\nexcept OSError:\n print('no')")
+    return machine(machine_name).check_output("python3 -c %s %s %d" % (shlex.quote(script), address, port)) == "yes"
+
+
+def test_the_extra_worker_serves_on_its_lan_address_for_the_front_only():
+    pc = lan_address("owner-pc")
+    assert "%s:8420 " % pc in machine("owner-pc").check_output("ss -Hltn")       # its LAN address, not every one
+    assert direct("http://%s:8420/v1/models" % pc, key_of("owner-pc")) == 200   # the front (the host) gets in
+    assert direct("http://%s:8420/v1/models" % pc, None) == 401                  # with its key only
+    assert not connects("neighbour", pc, 8420)                                   # the rest of the LAN does not
+    assert connects("neighbour", pc, 22)                                         # the owner's own sshd: not the fleet's
+    rules = machine("owner-pc").check_output("nft list table inet vcafleet_worker")
+    assert "%s . tcp . 8420" % pc in rules, rules
+
+
+def test_the_exposure_audit_and_the_lan_scan_cover_the_extra_worker(tmp_path):
+    """playbooks/exposure.yml on this lab: every socket of owner-pc is declared (ss), and from the LAN
+    neighbour a scan of every port of its LAN address finds the owner's sshd open and nothing else.
+    This lab converges no smem and no vcamon page, which the lab's table opens on the host's LAN address:
+    the play's own check of the host's LAN ports fails for that alone (molecule/default runs it whole)."""
+    env = f"VCA_LAB_NAME={LAB} ANSIBLE_CONFIG={PROJECT}/ansible.cfg ANSIBLE_NOCOLOR=1"
+    run = LOCAL.run(f"cd {PROJECT} && {env} ansible-playbook -i {INVENTORY} playbooks/exposure.yml --tags audit,scan"
+                    f" -e vca_exposure_dir={tmp_path}")
+    pc, host = lan_address("owner-pc"), lan_address("host")
+    # the one failure allowed: the scan's last check, for the host's LAN ports alone (read below)
+    failed = re.findall(r"^fatal: \[(\S+)\]", run.stdout, re.M)
+    failing_task = run.stdout.split("fatal:", 1)[0].rsplit("TASK [", 1)[-1]
+    assert run.rc == 0 or (failed == ["lan-neighbour"] and failing_task.startswith("No node and no link port")), \
+        run.stdout[-4000:] + run.stderr[-2000:]
+    audit = json.loads((tmp_path / "audit.json").read_text())["audit"]
+    assert audit["ok"], audit["unlisted"]
+    services = {s["service"] for s in audit["matched"] if s["machine"] == "owner-pc"}
+    assert {"LLM worker (llama-server)", "sshd (an extra worker's)"} <= services, audit["matched"]
+    scan = json.loads((tmp_path / "scan-lan-neighbour.json").read_text())["targets"]
+    assert scan[pc]["open"] == [22] and scan[host]["open"] == [22], scan
+    assert all(not r["open"] for target, r in scan.items() if target.startswith("172.31.")), scan
 
 
 def test_no_secret_in_haproxys_configuration():
