@@ -370,8 +370,7 @@ class OpenCLRunner(object):
             self.last_plan = {"path": "direct", "slices": 1, "edge": True, "padded": False}
             return (self._runner([(kernel, (n, m), None, (i32(m), i32(n), i32(k), abuf, bbuf, cbuf))]),
                     read_back)
-        kg = int(params.get("KG", 1))
-        edge = uses_edge(m, n, k, params) or kg > 1      # KG 2's halves may load a chunk past K: checked
+        edge = uses_edge(m, n, k, params)
         if edge:
             params["EDGE"] = 1
             # rows that do not start 16-byte aligned are read (and C written) with vload4/vstore4
@@ -400,8 +399,8 @@ class OpenCLRunner(object):
         slices, ks = split_k(m, n, kp, dict(params, SPLITK=forced_split), self.describe()["compute_units"])
         padded_c = (mp, np_) != (m, n)
         out = self._buffer(slices * mp * np_) if slices > 1 or padded_c else cbuf
-        local = (params["TN"] // params["WPTN"], params["TM"] // params["WPTM"], kg)
-        glob = (-(-np_ // params["TN"]) * local[0], -(-mp // params["TM"]) * local[1], slices * kg)
+        local = (params["TN"] // params["WPTN"], params["TM"] // params["WPTM"], 1)
+        glob = (-(-np_ // params["TN"]) * local[0], -(-mp // params["TM"]) * local[1], slices)
         steps.append((self._kernel(params, extra), glob, local, (i32(mp), i32(np_), i32(kp), i32(ks), abuf, bbuf, out)))
         if out is not cbuf:
             # GPUs: 64 x 4 work-groups over a rounded-up range (the kernel bounds-checks)

@@ -61,29 +61,6 @@
 #ifndef DB
 #define DB 0
 #endif
-#ifndef PIPE
-#define PIPE 0
-#endif
-#ifndef KG
-#define KG 1
-#endif
-#ifndef CLAMP
-#define CLAMP 0
-#endif
-#if KG != 1 && !(LMEM == 2 && EDGE && KG == 2 && WPTM % 2 == 0)
-#error "KG 2 needs LMEM 2, EDGE and an even WPTM"
-#endif
-#ifndef NVBAR
-#define NVBAR 0
-#endif
-// the barriers between K chunks: with KG 2 and NVBAR (NVIDIA only: PTX named barriers 1 and 2,
-// the host sets it) each half of the work-group waits for its own half alone, so that one
-// half multiplies while the other waits on its loads, as two work-groups on one unit would
-#if KG == 2 && NVBAR
-#define CHUNK_BARRIER() __asm__ volatile("bar.sync %0, %1;" : : "r"(1 + kh), "r"(RTSM * RTSN) : "memory")
-#else
-#define CHUNK_BARRIER() barrier(CLK_LOCAL_MEM_FENCE)
-#endif
 #ifndef APAD
 #define APAD 4
 #endif
@@ -118,7 +95,7 @@
 #define KEND ke
 #endif
 
-__kernel __attribute__((reqd_work_group_size(RTSN, RTSM, KG)))
+__kernel __attribute__((reqd_work_group_size(RTSN, RTSM, 1)))
 void sgemm(const int M, const int N, const int K, const int KS,
            __global const float *restrict A,
            __global const float *restrict B,
@@ -140,13 +117,9 @@ void sgemm(const int M, const int N, const int K, const int KS,
 #define LB4 (TK * NQ / NT)
 #define BM (WPTM / 4)
 #define BN (WPTN / 4)
-#define NBUF ((DB || PIPE) ? 2 : 1)
-    __local float Asg[KG][NBUF][TK][TM + APAD] __attribute__((aligned(16)));
-    __local float Bsg[KG][NBUF][TK][TN] __attribute__((aligned(16)));
-    // KG 2: the work-group's two halves (local z) take alternate K chunks, each into its own buffers
-    const int kh = get_local_id(2);
-    __local float (*As)[TK][TM + APAD] = Asg[kh];
-    __local float (*Bs)[TK][TN] = Bsg[kh];
+#define NBUF (DB ? 2 : 1)
+    __local float As[NBUF][TK][TM + APAD] __attribute__((aligned(16)));
+    __local float Bs[NBUF][TK][TN] __attribute__((aligned(16)));
     const int tid = tm * RTSN + tn;
     float4 ra[LA4], rb[LB4];
 // four floats of a row of A, or of B or C: one 16-byte access where rows are aligned
@@ -180,29 +153,6 @@ void sgemm(const int M, const int N, const int K, const int KS,
                   : (float4)(AE(r, c), AE(r, c + 1), AE(r, c + 2), AE(r, c + 3)))
 #define BQ(r, c) (((r) < ke && (c) + 3 < N) ? LOADB4(B + (r) * N + (c))                     \
                   : (float4)(BE(r, c), BE(r, c + 1), BE(r, c + 2), BE(r, c + 3)))
-#if CLAMP
-// a whole K chunk of an edge work-group: A's rows past M read as row M - 1 and B's columns past
-// N as column N - 1, unchecked and without branches; they reach only C's rows and columns past
-// its edge, which are never stored
-#define AW(r, c) LOADA4(A + min((r), M - 1) * K + (c))
-#define BW(r, c) ((float4)(B[(r) * N + min((c), N - 1)], B[(r) * N + min((c) + 1, N - 1)],          \
-                           B[(r) * N + min((c) + 2, N - 1)], B[(r) * N + min((c) + 3, N - 1)]))
-#define EDGE_A(k0)                                                                       \
-        } else if (whole) {                                                              \
-            for (int l = 0; l < LA4; l++) {                                              \
-                const int e = tid + l * NT;                                              \
-                ra[l] = AW(m0 + e / KQ, (k0) + (e % KQ) * 4);                            \
-            }
-#define EDGE_B(k0)                                                                       \
-        } else if (whole) {                                                              \
-            for (int l = 0; l < LB4; l++) {                                              \
-                const int e = tid + l * NT;                                              \
-                rb[l] = BW((k0) + e / NQ, n0 + (e % NQ) * 4);                            \
-            }
-#else
-#define EDGE_A(k0)
-#define EDGE_B(k0)
-#endif
 #ifdef COUNT_CHECKED
 #define COUNT_ONE checked++;
 #else
@@ -216,7 +166,6 @@ void sgemm(const int M, const int N, const int K, const int KS,
                 const int e = tid + l * NT;                                              \
                 ra[l] = LOADA4(A + (m0 + e / KQ) * K + (k0) + (e % KQ) * 4);             \
             }                                                                            \
-        EDGE_A(k0)                                                                       \
         } else {                                                                         \
             for (int l = 0; l < LA4; l++) {                                              \
                 const int e = tid + l * NT;                                              \
@@ -228,7 +177,6 @@ void sgemm(const int M, const int N, const int K, const int KS,
                 const int e = tid + l * NT;                                              \
                 rb[l] = LOADB4(B + ((k0) + e / NQ) * N + n0 + (e % NQ) * 4);             \
             }                                                                            \
-        EDGE_B(k0)                                                                       \
         } else {                                                                         \
             for (int l = 0; l < LB4; l++) {                                              \
                 const int e = tid + l * NT;                                              \
@@ -263,100 +211,44 @@ void sgemm(const int M, const int N, const int K, const int KS,
     for (int i = 0; i < WPTM; i++)
         for (int j = 0; j < WPTN; j++)
             acc[i][j] = 0.0f;
-    const int rounds = (KEND - kb + KG * TK - 1) / (KG * TK);   // uniform over the work-group
-    FETCH4(kb + kh * TK)
+    FETCH4(kb)
     STORE4(0)
-    CHUNK_BARRIER();
+    barrier(CLK_LOCAL_MEM_FENCE);
     int buf = 0;
-#define LOADFRAG(a, b, bf, k)                                                            \
-    for (int i = 0; i < BM; i++) {                                                       \
-        const float4 v = *(__local const float4 *)&As[bf][k][i * RTSM * 4 + tm * 4];     \
-        a[4 * i] = v.x; a[4 * i + 1] = v.y; a[4 * i + 2] = v.z; a[4 * i + 3] = v.w;      \
-    }                                                                                    \
-    for (int j = 0; j < BN; j++) {                                                       \
-        const float4 v = *(__local const float4 *)&Bs[bf][k][j * RTSN * 4 + tn * 4];     \
-        b[4 * j] = v.x; b[4 * j + 1] = v.y; b[4 * j + 2] = v.z; b[4 * j + 3] = v.w;      \
-    }
-#define FMAS(a, b)                                                                       \
-    for (int i = 0; i < WPTM; i++)                                                       \
-        for (int j = 0; j < WPTN; j++)                                                   \
-            acc[i][j] = mad(a[i], b[j], acc[i][j]);
-#if PIPE
-    // the next step's fragments are read while this step is multiplied; the next chunk is
-    // stored into the other buffer and the one barrier passed before the chunk's last step,
-    // whose multiplies then cover the first reads of the next chunk
-    float fa[2][WPTM], fb[2][WPTN];
-    LOADFRAG(fa[0], fb[0], 0, 0)
-    for (int r = 0, k0 = kb + kh * TK; r < rounds; r++, k0 += KG * TK) {
-        const int more = r + 1 < rounds;
+    for (int k0 = kb; k0 < KEND; k0 += TK) {
+        const int more = k0 + TK < KEND;
         if (more) {
-            FETCH4(k0 + KG * TK)
-        }
-#pragma unroll
-        for (int k = 0; k < TK; k++) {
-            if (k == TK - 1) {
-                if (more) {
-                    STORE4(buf ^ 1)
-                }
-                CHUNK_BARRIER();
-                buf ^= 1;
-            }
-            LOADFRAG(fa[(k + 1) & 1], fb[(k + 1) & 1], buf, (k + 1) % TK)
-            FMAS(fa[k & 1], fb[k & 1])
-        }
-    }
-#else
-    for (int r = 0, k0 = kb + kh * TK; r < rounds; r++, k0 += KG * TK) {
-        const int more = r + 1 < rounds;
-        if (more) {
-            FETCH4(k0 + KG * TK)
+            FETCH4(k0 + TK)
         }
 #pragma unroll
         for (int k = 0; k < TK; k++) {
             float a[WPTM], b[WPTN];
-            LOADFRAG(a, b, buf, k)
-            FMAS(a, b)
+            for (int i = 0; i < BM; i++) {
+                const float4 v = *(__local const float4 *)&As[buf][k][i * RTSM * 4 + tm * 4];
+                a[4 * i] = v.x; a[4 * i + 1] = v.y; a[4 * i + 2] = v.z; a[4 * i + 3] = v.w;
+            }
+            for (int j = 0; j < BN; j++) {
+                const float4 v = *(__local const float4 *)&Bs[buf][k][j * RTSN * 4 + tn * 4];
+                b[4 * j] = v.x; b[4 * j + 1] = v.y; b[4 * j + 2] = v.z; b[4 * j + 3] = v.w;
+            }
+            for (int i = 0; i < WPTM; i++)
+                for (int j = 0; j < WPTN; j++)
+                    acc[i][j] = mad(a[i], b[j], acc[i][j]);
         }
 #if DB
         if (more) {
             STORE4(buf ^ 1)
         }
-        CHUNK_BARRIER();
+        barrier(CLK_LOCAL_MEM_FENCE);
         buf ^= 1;
 #else
-        CHUNK_BARRIER();
+        barrier(CLK_LOCAL_MEM_FENCE);
         if (more) {
             STORE4(0)
         }
-        CHUNK_BARRIER();
+        barrier(CLK_LOCAL_MEM_FENCE);
 #endif
     }
-#endif
-#if KG == 2
-    // the halves' sums: half 0 keeps rows i < WPTM / 2 of its block, half 1 the others; each
-    // hands the other its rows through local memory, a float4 a pass (indices stay constant)
-    __local float4 red[2][NT];
-    for (int p = 0; p < WPTM / 2; p++)
-        for (int j = 0; j < BN; j++) {
-            if (kh)
-                red[1][tid] = (float4)(acc[p][4 * j], acc[p][4 * j + 1], acc[p][4 * j + 2], acc[p][4 * j + 3]);
-            else
-                red[0][tid] = (float4)(acc[p + WPTM / 2][4 * j], acc[p + WPTM / 2][4 * j + 1],
-                                       acc[p + WPTM / 2][4 * j + 2], acc[p + WPTM / 2][4 * j + 3]);
-            barrier(CLK_LOCAL_MEM_FENCE);
-            const float4 v = red[kh ^ 1][tid];
-            if (kh) {
-                acc[p + WPTM / 2][4 * j] += v.x; acc[p + WPTM / 2][4 * j + 1] += v.y;
-                acc[p + WPTM / 2][4 * j + 2] += v.z; acc[p + WPTM / 2][4 * j + 3] += v.w;
-            } else {
-                acc[p][4 * j] += v.x; acc[p][4 * j + 1] += v.y; acc[p][4 * j + 2] += v.z; acc[p][4 * j + 3] += v.w;
-            }
-            barrier(CLK_LOCAL_MEM_FENCE);
-        }
-#define MINE(i) ((i) < WPTM / 2 ? kh == 0 : kh == 1)
-#else
-#define MINE(i) 1
-#endif
 #if EDGE
 #ifdef COUNT_CHECKED
     for (int i = 0; i < WPTM; i++)
@@ -366,7 +258,7 @@ void sgemm(const int M, const int N, const int K, const int KS,
     if (!interior) {
         for (int i = 0; i < WPTM; i++) {
             const int row = m0 + (i / 4) * RTSM * 4 + tm * 4 + i % 4;
-            if (row >= M || !MINE(i))
+            if (row >= M)
                 continue;
             for (int j = 0; j < BN; j++) {
                 const int col = n0 + j * RTSN * 4 + tn * 4;
@@ -385,8 +277,6 @@ void sgemm(const int M, const int N, const int K, const int KS,
 #endif
     for (int i = 0; i < WPTM; i++) {
         const int row = m0 + (i / 4) * RTSM * 4 + tm * 4 + i % 4;
-        if (!MINE(i))
-            continue;
         for (int j = 0; j < BN; j++)
             STOREC4((float4)(acc[i][4 * j], acc[i][4 * j + 1], acc[i][4 * j + 2], acc[i][4 * j + 3]),
                     &C[row * N + n0 + j * RTSN * 4 + tn * 4]);
