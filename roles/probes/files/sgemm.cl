@@ -33,12 +33,11 @@
 //               pack_b (run before sgemm, and timed with it) so that each
 //               work-item streams its rows of A and its columns of B as
 //               contiguous panels: [panel][k][WPTM] and [panel][k][WPTN]
-//   EDGE        with LMEM 2: 1 bounds-checks the last K chunk (zeros outside A and B)
-//               and C's stores on its edge, so M, N, K need not be multiples of the
-//               tile and nothing is padded; a work-group whose tile lies inside C takes
-//               the unchecked path for every whole K chunk, and one on C's edge reads
-//               its whole K chunks clamped (rows past M as row M - 1, columns past N as
-//               column N - 1: they reach only outputs that are never stored)
+//   EDGE        with LMEM 2: 1 bounds-checks the work-groups on the edge of C and
+//               the last K chunk (zeros outside A and B, no stores outside C),
+//               so M, N, K need not be multiples of the tile and nothing is padded;
+//               a work-group whose tile lies inside C takes the unchecked path for
+//               every whole K chunk and checks only the last, short one
 //   AV4, BV4    with EDGE: 1 (default) where A's rows (K % 4 == 0) or B's and C's rows
 //               (N % 4 == 0) start 16-byte aligned, so that they are read and written
 //               as float4s; 0 reads and writes them with vload4/vstore4 instead (the
@@ -146,22 +145,14 @@ void sgemm(const int M, const int N, const int K, const int KS,
         rb[l] = LOADB4(B + ((k0) + e / NQ) * N + n0 + (e % NQ) * 4);                     \
     }
 #if EDGE
-// The last K chunk, where it is short: zeros outside A (M x ke) and B (ke x N); one 4-float load
-// where the four floats are inside, else four checked scalar loads.
+// zeros outside A (M x ke) and B (ke x N); one 4-float load where the four floats are inside,
+// else four checked scalar loads (edge work-groups, and the last K chunk where it is short)
 #define AE(r, c) (((r) < M && (c) < ke) ? A[(r) * K + (c)] : 0.0f)
 #define BE(r, c) (((r) < ke && (c) < N) ? B[(r) * N + (c)] : 0.0f)
 #define AQ(r, c) (((r) < M && (c) + 3 < ke) ? LOADA4(A + (r) * K + (c))                      \
                   : (float4)(AE(r, c), AE(r, c + 1), AE(r, c + 2), AE(r, c + 3)))
 #define BQ(r, c) (((r) < ke && (c) + 3 < N) ? LOADB4(B + (r) * N + (c))                     \
                   : (float4)(BE(r, c), BE(r, c + 1), BE(r, c + 2), BE(r, c + 3)))
-// A whole K chunk of an edge work-group: A's rows past M are read as row M - 1 and B's columns
-// past N as column N - 1, in bounds and without a branch a float. They reach only C's rows and
-// columns past its edge, which are never stored. (Where each compute unit holds one work-group,
-// the slowest group is the kernel's time: with the checked loads in every chunk of the edge
-// groups, 1000x2000x512 ran at 29.1 TFLOP/s on the H100 where 1024x2048x512 ran at 37.9.)
-#define AW(r, c) LOADA4(A + min((r), M - 1) * K + (c))
-#define BW(r, c) ((float4)(B[(r) * N + min((c), N - 1)], B[(r) * N + min((c) + 1, N - 1)],          \
-                           B[(r) * N + min((c) + 2, N - 1)], B[(r) * N + min((c) + 3, N - 1)]))
 #ifdef COUNT_CHECKED
 #define COUNT_ONE checked++;
 #else
@@ -175,11 +166,6 @@ void sgemm(const int M, const int N, const int K, const int KS,
                 const int e = tid + l * NT;                                              \
                 ra[l] = LOADA4(A + (m0 + e / KQ) * K + (k0) + (e % KQ) * 4);             \
             }                                                                            \
-        } else if (whole) {                                                              \
-            for (int l = 0; l < LA4; l++) {                                              \
-                const int e = tid + l * NT;                                              \
-                ra[l] = AW(m0 + e / KQ, (k0) + (e % KQ) * 4);                            \
-            }                                                                            \
         } else {                                                                         \
             for (int l = 0; l < LA4; l++) {                                              \
                 const int e = tid + l * NT;                                              \
@@ -191,18 +177,13 @@ void sgemm(const int M, const int N, const int K, const int KS,
                 const int e = tid + l * NT;                                              \
                 rb[l] = LOADB4(B + ((k0) + e / NQ) * N + n0 + (e % NQ) * 4);             \
             }                                                                            \
-        } else if (whole) {                                                              \
-            for (int l = 0; l < LB4; l++) {                                              \
-                const int e = tid + l * NT;                                              \
-                rb[l] = BW((k0) + e / NQ, n0 + (e % NQ) * 4);                            \
-            }                                                                            \
         } else {                                                                         \
             for (int l = 0; l < LB4; l++) {                                              \
                 const int e = tid + l * NT;                                              \
                 rb[l] = BQ((k0) + e / NQ, n0 + (e % NQ) * 4);                            \
             }                                                                            \
         }                                                                                \
-        if (!whole) {                                                                    \
+        if (!(whole && rows_in && cols_in)) {                                            \
             COUNT_ONE                                                                    \
         }                                                                                \
     }
