@@ -24,22 +24,27 @@ from farm.config import load  # noqa: E402
 from vcamon.agent import Sensors, exposition  # noqa: E402
 
 
-def target_labels(hosts=("vca-host", "vcb-host")) -> set[str]:
-    """Every label the scrape sets; by default for two VCA hosts (which adds vca_host to each target)."""
+def scrape_configs(hosts=("vca-host", "vcb-host"), machine="vca-node0", extra_workers=()) -> list[dict]:
+    """The role's scrape configuration for one target on machine; by default for two VCA hosts."""
     env = jinja2.Environment(undefined=jinja2.StrictUndefined)
     env.filters["to_json"] = json.dumps
     env.filters["bool"] = bool
-    target = {"machine": "vca-node0", "address": "*", "port": 9101,
+    target = {"machine": machine, "address": "*", "port": 9101,
               "metrics": {"job": "vcamon", "path": "/metrics", "credential_file": "/x"}}
     text = env.from_string((ROOT / "roles/prometheus/templates/prometheus.yml.j2").read_text()).render(
         ansible_managed="", prometheus_scrape_interval="30s", prometheus_evaluation_interval="30s",
         prometheus_rules_dir="/r", prometheus_alertmanager_targets=[], prometheus_url_host="127.0.0.1",
         prometheus_port=9090, inventory_hostname="vca-host", prometheus_alertmanager_install=True,
         prometheus_alertmanager_local="127.0.0.1:9093", prometheus_targets=[target],
-        prometheus_credentials_dir="/c", groups={"vca_host": list(hosts)},
-        hostvars={"vca-node0": {"vca_host_name": "vca-host"}})
+        prometheus_credentials_dir="/c", groups={"vca_host": list(hosts), "extra_workers": list(extra_workers)},
+        hostvars={"vca-node0": {"vca_host_name": "vca-host"}, "owner-pc": {}})
+    return yaml.safe_load(text)["scrape_configs"]
+
+
+def target_labels(hosts=("vca-host", "vcb-host")) -> set[str]:
+    """Every label the scrape sets; by default for two VCA hosts (which adds vca_host to each target)."""
     labels = {"job", "instance"}
-    for job in yaml.safe_load(text)["scrape_configs"]:
+    for job in scrape_configs(hosts):
         for static in job["static_configs"]:
             labels |= set(static.get("labels", {}))
         labels |= {r["target_label"] for r in job.get("relabel_configs", [])}
@@ -53,6 +58,12 @@ def exposition_labels(text: str) -> set[str]:
 def test_the_scrape_sets_machine_and_role_not_node():
     assert target_labels(["vca-host"]) == {"job", "instance", "machine", "role"}
     assert target_labels() == {"job", "instance", "machine", "role", "vca_host"}   # several VCA hosts
+
+
+def test_an_extra_workers_target_says_what_it_is_and_names_no_vca_host():
+    jobs = scrape_configs(machine="owner-pc", extra_workers=["owner-pc"])
+    (job,) = [j for j in jobs if j["job_name"].endswith("9101")]
+    assert job["static_configs"][0]["labels"] == {"machine": "owner-pc", "role": "extra_worker"}
 
 
 def test_vcamons_agent_has_no_target_label(tmp_path, monkeypatch):
