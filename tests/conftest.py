@@ -42,6 +42,19 @@ def ansible_playbook(workdir: Path, inventory: dict, playbook: str) -> subproces
                           timeout=300, check=False)
 
 
+def role_play(hosts: str, role: str, *tasks: dict) -> dict:
+    """A play on hosts with role's defaults and vars loaded, as the role sees them, then tasks."""
+    loads = [{"ansible.builtin.include_vars": {"file": str(ROOT / "roles" / role / part / "main.yml")}}
+             for part in ("defaults", "vars")]
+    return {"hosts": hosts, "gather_facts": False, "tasks": loads + list(tasks)}
+
+
+def role_template(role: str, src: str, dest: str) -> dict:
+    """A task rendering one of role's templates to dest (on the controller: the test's connection is local)."""
+    return {"ansible.builtin.template": {"src": str(ROOT / "roles" / role / "templates" / src), "dest": dest,
+                                         "mode": "0644"}}
+
+
 def run_module(name: str, args: dict, capsys) -> dict:
     """Run library/<name>.py's main() with args; return its JSON result (failed or not)."""
     module = load_library(name)

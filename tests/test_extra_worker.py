@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from test_vca_boot_crosshost import Net, netns_only, sh, wait_for
 
-from conftest import ROOT, ansible_playbook
+from conftest import ansible_playbook, role_play, role_template
 
 LAN = {"vca-host": "10.231.78.1", "vcb-host": "10.231.78.2", "owner-pc": "10.231.78.5", "pc": "10.231.78.9"}
 ROWS = [
@@ -33,26 +33,14 @@ ROWS = [
     # another machine's row: not this worker's business
     {"machine": "vca-host", "address": LAN["vca-host"], "proto": "tcp", "port": 7300, "clients": ["owner-pc"]},
 ]
-RENDER = """
-- hosts: extra_workers
-  gather_facts: false
-  tasks:
-    - {ansible.builtin.include_vars: {file: "%(root)s/roles/extra_worker/defaults/main.yml"}}
-    - {ansible.builtin.include_vars: {file: "%(root)s/roles/extra_worker/vars/main.yml"}}
-    - ansible.builtin.template:
-        src: "%(root)s/roles/extra_worker/templates/worker-firewall.nft.j2"
-        dest: "%(out)s/{{ inventory_hostname }}.nft"
-        mode: "0644"
-- hosts: vca_host
-  gather_facts: false
-  tasks:
-    - {ansible.builtin.include_vars: {file: "%(root)s/roles/llm_workers/defaults/main.yml"}}
-    - {ansible.builtin.include_vars: {file: "%(root)s/roles/llm_workers/vars/main.yml"}}
-    - ansible.builtin.copy:
-        content: "{{ llm_workers_addresses | to_json }}"
-        dest: "%(out)s/{{ inventory_hostname }}.llm.json"
-        mode: "0644"
-"""
+def render_plays(out: Path) -> str:
+    """extra_worker's ruleset for each extra worker; llm_workers' view of the workers' addresses on each host."""
+    return json.dumps([
+        role_play("extra_workers", "extra_worker",
+                  role_template("extra_worker", "worker-firewall.nft.j2", "%s/{{ inventory_hostname }}.nft" % out)),
+        role_play("vca_host", "llm_workers",
+                  {"ansible.builtin.copy": {"content": "{{ llm_workers_addresses | to_json }}", "mode": "0644",
+                                            "dest": "%s/{{ inventory_hostname }}.llm.json" % out}})])
 
 
 def inventory(**owner_pc) -> dict:
@@ -73,7 +61,7 @@ def inventory(**owner_pc) -> dict:
 def render(tmp_path: Path, inv: dict) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp_path / "rendered"
     out.mkdir(exist_ok=True)
-    return ansible_playbook(tmp_path, inv, RENDER % {"root": ROOT, "out": out}), out
+    return ansible_playbook(tmp_path, inv, render_plays(out)), out
 
 
 def rendered(tmp_path: Path, inv: dict) -> Path:
@@ -127,14 +115,10 @@ def lan(tmp_path):
     out = rendered(tmp_path, inventory())
     net = Net()
     try:
-        for machine in ("lan", "vca-host", "owner-pc", "pc"):
+        machines = ("vca-host", "owner-pc", "pc")
+        for machine in machines:
             net.add(machine)
-        sh("ip", "link", "add", "br0", "type", "bridge", ns=net.ns("lan"))
-        sh("ip", "link", "set", "br0", "up", ns=net.ns("lan"))
-        for machine in ("vca-host", "owner-pc", "pc"):
-            port = "p%d" % len(net.made)
-            net.link(machine, "lan", ("lan0", LAN[machine] + "/24"), (port, None))
-            sh("ip", "link", "set", port, "master", "br0", ns=net.ns("lan"))
+        net.lan({machine: LAN[machine] for machine in machines})
         sh("nft", "-f", out / "owner-pc.nft", ns=net.ns("owner-pc"))
         yield net, tmp_path
     finally:

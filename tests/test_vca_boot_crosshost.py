@@ -12,6 +12,7 @@ the capabilities nor a writable /proc/sys.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, ansible_playbook
+from conftest import ansible_playbook, role_play, role_template
 
 
 # Network namespaces and nft: root on the machine itself (scripts/test-all.sh runs these in group image;
@@ -44,21 +45,13 @@ ROWS = [
     # vcamon's agent on vcb-host, at its LAN address, for the monitor host only (roles/vcamon)
     {"machine": "vcb-host", "address": LAN["vcb-host"], "proto": "tcp", "port": 9478, "clients": ["vca-host"]},
 ]
-RENDER = """
-- hosts: vca_host
-  gather_facts: false
-  tasks:
-    - {ansible.builtin.include_vars: {file: "%(root)s/roles/vca_boot/defaults/main.yml"}}
-    - {ansible.builtin.include_vars: {file: "%(root)s/roles/vca_boot/vars/main.yml"}}
-    - ansible.builtin.template:
-        src: "%(root)s/roles/vca_boot/templates/etc/vcafleet/firewall.nft.j2"
-        dest: "%(out)s/{{ inventory_hostname }}.nft"
-        mode: "0644"
-    - ansible.builtin.template:
-        src: "%(root)s/roles/vca_boot/templates/etc/systemd/system/vcafleet-routes.service.j2"
-        dest: "%(out)s/{{ inventory_hostname }}.routes"
-        mode: "0644"
-"""
+def render_play(out: Path) -> str:
+    """vca_boot's firewall and routes unit for each VCA host."""
+    return json.dumps([role_play(
+        "vca_host", "vca_boot",
+        role_template("vca_boot", "etc/vcafleet/firewall.nft.j2", "%s/{{ inventory_hostname }}.nft" % out),
+        role_template("vca_boot", "etc/systemd/system/vcafleet-routes.service.j2",
+                      "%s/{{ inventory_hostname }}.routes" % out))])
 
 
 def two_hosts() -> dict:
@@ -77,7 +70,7 @@ def render(tmp_path: Path, inventory: dict) -> Path:
     """vca_boot's firewall and routes unit, rendered by ansible-playbook for each VCA host of inventory."""
     out = tmp_path / "rendered"
     out.mkdir()
-    run = ansible_playbook(tmp_path, inventory, RENDER % {"root": ROOT, "out": out})
+    run = ansible_playbook(tmp_path, inventory, render_play(out))
     assert run.returncode == 0, run.stdout + run.stderr
     return out
 
@@ -115,6 +108,17 @@ class Net:
                 sh("ip", "addr", "add", addr, "dev", name, ns=self.ns(machine))
             sh("ip", "link", "set", name, "up", ns=self.ns(machine))
 
+    def lan(self, addresses: dict):
+        """A LAN: namespace "lan" with a bridge, and each machine of addresses ({machine: its /24 address},
+        a namespace added already) on it as lan0."""
+        self.add("lan")
+        sh("ip", "link", "add", "br0", "type", "bridge", ns=self.ns("lan"))
+        sh("ip", "link", "set", "br0", "up", ns=self.ns("lan"))
+        for machine, address in addresses.items():
+            port = "p%d" % len(self.made)
+            self.link(machine, "lan", ("lan0", address + "/24"), (port, None))
+            sh("ip", "link", "set", port, "master", "br0", ns=self.ns("lan"))
+
     def serve(self, machine, address, port, log: Path):
         """A TCP listener that writes each client's address to log (one line per connection)."""
         code = ("import socket,sys\ns=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
@@ -145,14 +149,9 @@ def fleet(tmp_path):
     out = render(tmp_path, two_hosts())
     net = Net()
     try:
-        for machine in ("lan", "vca-host", "vcb-host", "vca-node0", "vcb-node0", "pc"):
+        for machine in ("vca-host", "vcb-host", "vca-node0", "vcb-node0", "pc"):
             net.add(machine)
-        sh("ip", "link", "add", "br0", "type", "bridge", ns=net.ns("lan"))
-        sh("ip", "link", "set", "br0", "up", ns=net.ns("lan"))
-        for machine in ("vca-host", "vcb-host", "pc"):
-            port = "p%d" % len(net.made)
-            net.link(machine, "lan", ("lan0", LAN[machine] + "/24"), (port, None))
-            sh("ip", "link", "set", port, "master", "br0", ns=net.ns("lan"))
+        net.lan(LAN)
         for node, (host, ip) in NODE.items():
             link_end = ip.rsplit(".", 1)[0] + ".254"
             net.link(node, host, ("eth0", ip + "/24"), ("vcalink0", link_end + "/24"))
